@@ -1,0 +1,132 @@
+//! Criterion benches of the storage layer: `cargo bench -p pubsub-benches --bench storage`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
+use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use raft_store::typ::Entry;
+use raft_store::{NewMessage, Request, Retention};
+
+const PAYLOAD_BYTES: usize = 256;
+
+fn payload() -> Bytes {
+    Bytes::from(format!("\"{}\"", "x".repeat(PAYLOAD_BYTES - 2)))
+}
+
+fn entry(index: u64, request: Request) -> Entry {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(request),
+    }
+}
+
+fn publish(n: usize, seq: &mut u64) -> Request {
+    let messages = (0..n)
+        .map(|_| {
+            *seq += 1;
+            NewMessage {
+                id: format!("m{seq}"),
+                timestamp: 1,
+                payload: payload(),
+            }
+        })
+        .collect();
+    Request::Publish {
+        topic: "bench".into(),
+        messages,
+        now_ms: 1,
+    }
+}
+
+fn log_append(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut group = c.benchmark_group("log_append_fsync");
+    group
+        .measurement_time(Duration::from_secs(5))
+        .sample_size(20);
+    for batch in [1usize, 64, 1024] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = raft_store::open(dir.path()).expect("open");
+        let mut log = store.log_store;
+        let mut index = 0u64;
+        let mut seq = 0u64;
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_with_input(BenchmarkId::new("batch", batch), &batch, |b, &batch| {
+            b.iter(|| {
+                let entries: Vec<Entry> = (0..batch)
+                    .map(|_| {
+                        index += 1;
+                        entry(index, publish(1, &mut seq))
+                    })
+                    .collect();
+                rt.block_on(log.blocking_append(entries)).expect("append");
+            })
+        });
+    }
+    // Eight appenders at once, one entry each: group commit shares one fsync among them.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = raft_store::open(dir.path()).expect("open");
+    let log = store.log_store;
+    let mut round = 0u64;
+    group.throughput(Throughput::Elements(8));
+    group.bench_function("concurrent_8x1", |b| {
+        b.iter(|| {
+            round += 1;
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..8u64)
+                    .map(|i| {
+                        let mut log = log.clone();
+                        let mut seq = 0;
+                        let e = entry(round * 8 + i, publish(1, &mut seq));
+                        tokio::spawn(async move { log.blocking_append([e]).await })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.expect("join").expect("append");
+                }
+            })
+        })
+    });
+    group.finish();
+}
+
+fn sm_apply(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut group = c.benchmark_group("state_machine_apply_256B");
+    group
+        .measurement_time(Duration::from_secs(5))
+        .sample_size(20);
+    for (name, per_entry, entries) in [("single", 1usize, 256usize), ("batch_256", 256, 1)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = raft_store::open(dir.path()).expect("open");
+        let mut sm = store.state_machine;
+        let mut index = 1u64;
+        let create = Request::CreateTopic {
+            topic: "bench".into(),
+            metadata: None,
+            retention: Retention::default(),
+            now_ms: 1,
+        };
+        rt.block_on(sm.apply([entry(index, create)]))
+            .expect("create");
+        let mut seq = 0u64;
+        group.throughput(Throughput::Elements((per_entry * entries) as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let batch: Vec<Entry> = (0..entries)
+                    .map(|_| {
+                        index += 1;
+                        entry(index, publish(per_entry, &mut seq))
+                    })
+                    .collect();
+                rt.block_on(sm.apply(batch)).expect("apply");
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, log_append, sm_apply);
+criterion_main!(benches);

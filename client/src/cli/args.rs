@@ -1,0 +1,242 @@
+//! The command line, as clap derive types.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use crate::endpoint::Cursor;
+use crate::types::AckMode;
+
+/// Talk to a pub/sub cluster: topics, publish, subscribe, benchmark.
+///
+/// Exit codes: 0 ok, 1 the server refused (its error code is printed), 2 usage,
+/// 3 cluster unreachable or without a leader after retries.
+#[derive(Debug, Parser)]
+#[command(name = "pubsub", version, max_term_width = 100)]
+pub struct Args {
+    /// A node of the cluster; repeat it for several (or PUBSUB_SERVER=a,b,c).
+    #[arg(
+        long = "server",
+        short = 's',
+        global = true,
+        env = "PUBSUB_SERVER",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8080",
+        value_name = "URL"
+    )]
+    pub servers: Vec<String>,
+
+    /// Machine output: one JSON object per line.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Timeout of one HTTP attempt, in milliseconds.
+    #[arg(long, global = true, value_name = "MS")]
+    pub timeout_ms: Option<u64>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the cluster: nodes, leader, term, commit index.
+    Cluster,
+    /// Create, list, inspect and delete topics.
+    #[command(subcommand)]
+    Topics(TopicsCommand),
+    /// Publish one message, one per stdin line (`-`), or a file in batches (`--batch`).
+    Publish(PublishArgs),
+    /// Print a topic's messages as they arrive (full messages).
+    Subscribe(SubscribeArgs),
+    /// Follow a topic from now on, printing payloads only.
+    Tail(TailArgs),
+    /// Read stored messages after a cursor (one request; no subscription).
+    Read(ReadArgs),
+    /// Run a publish (and optional fan-out) load and report throughput and latency.
+    Bench(BenchArgs),
+}
+
+/// `pubsub topics …`
+#[derive(Debug, Subcommand)]
+pub enum TopicsCommand {
+    /// Create a topic (succeeds when it already exists).
+    Create {
+        /// Topic name: [A-Za-z0-9._-], 1-255 characters.
+        name: String,
+        /// Metadata JSON stored with the topic, e.g. '{"retention_hours":24}'.
+        #[arg(long, value_parser = parse_json_object)]
+        metadata: Option<Value>,
+    },
+    /// List active topics.
+    List,
+    /// Show a topic's counters and metadata.
+    Get {
+        /// Topic name.
+        name: String,
+    },
+    /// Delete a topic.
+    Delete {
+        /// Topic name.
+        name: String,
+    },
+    /// List a topic's subscribers with their acked sequence and lag.
+    Subscribers {
+        /// Topic name.
+        name: String,
+    },
+}
+
+/// `pubsub publish …`
+#[derive(Debug, ClapArgs)]
+#[command(
+    group(ArgGroup::new("input").required(true).args(["payload", "batch"])),
+    override_usage = "pubsub publish [OPTIONS] <TOPIC> <JSON | - | --batch FILE>"
+)]
+pub struct PublishArgs {
+    /// Topic name.
+    pub topic: String,
+    /// The payload as JSON (text that is not JSON is sent as a JSON string), or `-` to
+    /// publish each stdin line as one message.
+    pub payload: Option<String>,
+    /// Message id for deduplication (default: a generated UUID).
+    #[arg(long, conflicts_with = "batch")]
+    pub id: Option<String>,
+    /// Publish every line of FILE (`-` for stdin) as a message, in batches of up to 1000.
+    #[arg(long, value_name = "FILE")]
+    pub batch: Option<PathBuf>,
+    /// When the server answers: after commit, or once the leader appended.
+    #[arg(long, value_enum, default_value_t = AckArg::Committed)]
+    pub ack: AckArg,
+}
+
+/// `--ack` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AckArg {
+    /// After a majority stored it (the default).
+    Committed,
+    /// Once the leader accepted it; faster, may be lost if the leader crashes.
+    Appended,
+}
+
+impl From<AckArg> for AckMode {
+    fn from(ack: AckArg) -> AckMode {
+        match ack {
+            AckArg::Committed => AckMode::Committed,
+            AckArg::Appended => AckMode::Appended,
+        }
+    }
+}
+
+/// `pubsub subscribe …`
+#[derive(Debug, ClapArgs)]
+pub struct SubscribeArgs {
+    /// Topic name.
+    pub topic: String,
+    /// Where to start: a sequence N (deliver after N; 0 = all), `latest` or `acked`.
+    #[arg(long, default_value = "latest", value_parser = parse_cursor)]
+    pub cursor: Cursor,
+    /// Subscriber id (default: a generated one). Acks are recorded under it.
+    #[arg(long)]
+    pub subscriber_id: Option<String>,
+    /// Ack each message after printing it.
+    #[arg(long)]
+    pub ack: bool,
+    /// Exit after this many messages.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+/// `pubsub tail …`
+#[derive(Debug, ClapArgs)]
+pub struct TailArgs {
+    /// Topic name.
+    pub topic: String,
+    /// Subscriber id (default: a generated one).
+    #[arg(long)]
+    pub subscriber_id: Option<String>,
+    /// Exit after this many messages.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+/// `pubsub read …`
+#[derive(Debug, ClapArgs)]
+pub struct ReadArgs {
+    /// Topic name.
+    pub topic: String,
+    /// Return messages with a sequence above this.
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    /// At most this many.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Wait up to this long for a message when none is there yet.
+    #[arg(long, value_name = "MS")]
+    pub wait_ms: Option<u64>,
+}
+
+/// `pubsub bench …`
+#[derive(Debug, ClapArgs)]
+pub struct BenchArgs {
+    /// Concurrent publishers.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub publishers: u32,
+    /// Requests in flight per publisher.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub inflight: u32,
+    /// Messages to publish in total.
+    #[arg(long, default_value_t = 10_000)]
+    pub messages: u64,
+    /// Payload size in bytes (compact JSON).
+    #[arg(long, default_value_t = 256)]
+    pub payload_bytes: usize,
+    /// Messages per request (1 = single publishes; up to 1000 via the batch endpoint).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub batch: u32,
+    /// WebSocket subscribers measuring publish→deliver latency.
+    #[arg(long, default_value_t = 0)]
+    pub subscribers: u32,
+    /// Topic (default: a new `bench-…` topic).
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Stop publishing after this many seconds.
+    #[arg(long)]
+    pub duration_secs: Option<u64>,
+    /// Ack mode of single publishes.
+    #[arg(long, value_enum, default_value_t = AckArg::Committed)]
+    pub ack: AckArg,
+    /// Seconds subscribers may take after the last ack to receive everything.
+    #[arg(long, default_value_t = 10)]
+    pub drain_secs: u64,
+}
+
+/// `latest` | `acked` | a sequence number.
+pub fn parse_cursor(s: &str) -> Result<Cursor, String> {
+    match s {
+        "latest" => Ok(Cursor::Latest),
+        "acked" => Ok(Cursor::Acked),
+        n => n
+            .parse::<u64>()
+            .map(Cursor::After)
+            .map_err(|_| format!("expected a sequence number, `latest` or `acked`, not {n:?}")),
+    }
+}
+
+fn parse_json_object(s: &str) -> Result<Value, String> {
+    let value: Value = serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err("metadata must be a JSON object".to_string())
+    }
+}
+
+/// A payload from the command line or a line of input: JSON when it parses, else the text
+/// as a JSON string.
+pub fn payload_from_text(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}

@@ -1,0 +1,80 @@
+//! `pubsub bench`
+
+use std::time::Duration;
+
+use super::args::BenchArgs;
+use super::{CliError, Output};
+use crate::bench::{self, BenchConfig, BenchReport};
+use crate::client::Client;
+
+pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Result<(), CliError> {
+    let config = BenchConfig {
+        topic: args.topic.unwrap_or_else(|| {
+            format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+        }),
+        publishers: args.publishers as usize,
+        inflight: args.inflight as usize,
+        messages: args.messages,
+        payload_bytes: args.payload_bytes,
+        batch: args.batch as usize,
+        subscribers: args.subscribers as usize,
+        duration: args.duration_secs.map(Duration::from_secs),
+        ack: args.ack.into(),
+        drain_timeout: Duration::from_secs(args.drain_secs),
+        progress: output.progress(),
+    };
+    let report = bench::run(client, &config).await?;
+    if !output.json {
+        for line in summary(&report) {
+            output.line(&line)?;
+        }
+    }
+    // The last line is always the JSON report, for scripts in either mode.
+    output.json_line(&report)?;
+    if report.messages == 0 && report.errors > 0 {
+        return Err(CliError::Refused(format!(
+            "no message was published: {}",
+            report.first_error.as_deref().unwrap_or("unknown error")
+        )));
+    }
+    Ok(())
+}
+
+/// The report for people.
+fn summary(r: &BenchReport) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "{}: {} publishers x {} in flight, batch {}, {} B payloads, topic {}",
+            r.workload, r.publishers, r.inflight, r.batch, r.payload_bytes, r.topic
+        ),
+        format!(
+            "published {} messages in {:.2} s: {:.0} msg/s, {} errors",
+            r.messages, r.duration_secs, r.msgs_per_sec, r.errors
+        ),
+        format!(
+            "publish latency  p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
+            r.p50_ms, r.p99_ms, r.p999_ms, r.max_ms
+        ),
+    ];
+    if let Some(e) = &r.first_error {
+        lines.push(format!("first error: {e}"));
+    }
+    if let (Some(p50), Some(p99), Some(p999), Some(max)) = (
+        r.deliver_p50_ms,
+        r.deliver_p99_ms,
+        r.deliver_p999_ms,
+        r.deliver_max_ms,
+    ) {
+        lines.push(format!(
+            "deliver latency  p50 {p50:.2} ms  p99 {p99:.2} ms  p99.9 {p999:.2} ms  max {max:.2} ms"
+        ));
+        lines.push(format!(
+            "delivered {} to {} subscribers, {} missing, {} stream errors",
+            r.delivered.unwrap_or(0),
+            r.subscribers,
+            r.deliver_missing.unwrap_or(0),
+            r.deliver_errors.unwrap_or(0)
+        ));
+    }
+    lines
+}

@@ -1,0 +1,26 @@
+//! `pubsub cluster`
+
+use super::{CliError, Output};
+use crate::client::Client;
+
+pub(super) async fn run(client: &Client, output: &Output) -> Result<(), CliError> {
+    let info = client.cluster().await?;
+    let leader = match (&info.leader_id, &info.leader_address) {
+        (Some(id), Some(address)) => format!("{id} at {address}"),
+        (None, Some(address)) => address.clone(),
+        _ => "none (election in progress)".to_string(),
+    };
+    let role = info.role.as_deref().unwrap_or("?");
+    let applied = info
+        .last_applied
+        .map(|a| format!("   applied {a}"))
+        .unwrap_or_default();
+    let human = format!(
+        "node     {} ({role})\nleader   {leader}\nterm     {}\ncommit   {}{applied}\npeers    {}",
+        info.node_id,
+        info.raft_term,
+        info.commit_index,
+        info.peers.join(", ")
+    );
+    output.either(&human, &info)
+}

@@ -1,0 +1,163 @@
+//! `pubsub publish TOPIC [JSON|-] [--id ID] [--batch FILE] [--ack appended]`
+
+use std::io::BufRead;
+use std::path::Path;
+
+use super::args::{payload_from_text, PublishArgs};
+use super::{CliError, Output};
+use crate::client::Client;
+use crate::limits::BATCH_MESSAGES_MAX;
+use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
+
+pub(super) async fn run(
+    client: &Client,
+    output: &Output,
+    args: PublishArgs,
+) -> Result<(), CliError> {
+    if let Some(path) = &args.batch {
+        return batch(client, output, &args.topic, path).await;
+    }
+    let ack = AckMode::from(args.ack);
+    match args.payload.as_deref() {
+        Some("-") => {
+            if args.id.is_some() {
+                return Err(CliError::Usage(
+                    "--id names one message; it cannot be used with `-`".into(),
+                ));
+            }
+            let stdin = std::io::stdin();
+            // One publish per line as lines arrive, so `producer | pubsub publish t -`
+            // streams instead of waiting for the end of input.
+            for line in stdin.lock().lines() {
+                let line = line?;
+                let Some(message) = message_from_line(&line) else {
+                    continue;
+                };
+                let published = client.publish_message(&args.topic, message, ack).await?;
+                print_ack(output, &published)?;
+            }
+            Ok(())
+        }
+        Some(text) => {
+            let mut message = NewMessage::new(payload_from_text(text));
+            message.id = args.id;
+            let published = client.publish_message(&args.topic, message, ack).await?;
+            print_ack(output, &published)
+        }
+        None => Err(CliError::Usage(
+            "give a payload, `-` or --batch FILE".into(),
+        )),
+    }
+}
+
+/// A message from one input line; `None` for a blank line.
+pub(super) fn message_from_line(line: &str) -> Option<NewMessage> {
+    let text = line.trim();
+    (!text.is_empty()).then(|| NewMessage::new(payload_from_text(text)))
+}
+
+/// Reads up to `max` messages (blank lines skipped); an empty result means end of input.
+pub(super) fn read_batch(
+    reader: &mut impl BufRead,
+    max: usize,
+) -> std::io::Result<Vec<NewMessage>> {
+    let mut messages = Vec::new();
+    let mut line = String::new();
+    while messages.len() < max {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        if let Some(message) = message_from_line(&line) {
+            messages.push(message);
+        }
+    }
+    Ok(messages)
+}
+
+async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Result<(), CliError> {
+    let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(path)
+            .map_err(|e| CliError::Usage(format!("cannot open {}: {e}", path.display())))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let (mut published, mut duplicates, mut failed) = (0usize, 0usize, 0usize);
+    let mut number = 0;
+    loop {
+        let messages = read_batch(&mut reader, BATCH_MESSAGES_MAX)?;
+        if messages.is_empty() {
+            break;
+        }
+        number += 1;
+        let ack = client.publish_batch(topic, messages).await?;
+        let counts = count(&ack);
+        published += counts.0;
+        duplicates += counts.1;
+        failed += counts.2;
+        if output.json {
+            output.json_line(&ack)?;
+        } else {
+            output.line(&batch_summary(number, &ack))?;
+        }
+    }
+    output.note(&format!(
+        "{published} published, {duplicates} duplicates, {failed} failed, in {number} batches to {topic}"
+    ));
+    if failed > 0 {
+        return Err(CliError::Refused(format!(
+            "{failed} messages were refused (see the batch results)"
+        )));
+    }
+    Ok(())
+}
+
+/// (published, duplicates, failed) of one batch.
+fn count(ack: &BatchAck) -> (usize, usize, usize) {
+    ack.results
+        .iter()
+        .fold((0, 0, 0), |(p, d, f), item| match item {
+            BatchItem::Published { .. } => (p + 1, d, f),
+            BatchItem::Duplicate { .. } => (p, d + 1, f),
+            BatchItem::Failed { .. } => (p, d, f + 1),
+        })
+}
+
+fn batch_summary(number: usize, ack: &BatchAck) -> String {
+    let sequences: Vec<u64> = ack
+        .results
+        .iter()
+        .filter_map(|item| match item {
+            BatchItem::Published { sequence, .. } => Some(*sequence),
+            _ => None,
+        })
+        .collect();
+    let range = match (sequences.iter().min(), sequences.iter().max()) {
+        (Some(lo), Some(hi)) => format!("#{lo}..#{hi}"),
+        _ => "no new sequences".to_string(),
+    };
+    let (p, d, f) = count(ack);
+    format!("batch {number}: {p} published {range}, {d} duplicates, {f} failed")
+}
+
+fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
+    let sequence = ack
+        .sequence
+        .map(|s| format!("#{s}"))
+        .unwrap_or_else(|| "(sequence not yet assigned)".to_string());
+    let human = if ack.duplicate {
+        format!(
+            "published to {} as {sequence} (id {}; a retry found the first attempt)",
+            ack.topic, ack.id
+        )
+    } else if !ack.committed {
+        format!(
+            "accepted by the leader for {} as {sequence} (id {}; not yet committed)",
+            ack.topic, ack.id
+        )
+    } else {
+        format!("published to {} as {sequence} (id {})", ack.topic, ack.id)
+    };
+    output.either(&human, ack)
+}

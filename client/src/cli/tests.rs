@@ -1,0 +1,246 @@
+use clap::Parser;
+
+use super::args::{parse_cursor, payload_from_text, Command, TopicsCommand};
+use super::*;
+use crate::endpoint::Cursor;
+use crate::error::ApiError;
+use serde_json::json;
+
+fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("pubsub").chain(argv.iter().copied()))
+}
+
+fn parsed(argv: &[&str]) -> Args {
+    match parse(argv) {
+        Ok(a) => a,
+        Err(e) => panic!("{argv:?}: {e}"),
+    }
+}
+
+#[test]
+fn server_defaults_to_localhost_and_repeats() {
+    // PUBSUB_SERVER could leak in from the environment of whoever runs the tests.
+    if std::env::var_os("PUBSUB_SERVER").is_none() {
+        assert_eq!(parsed(&["cluster"]).servers, vec!["http://127.0.0.1:8080"]);
+    }
+    let args = parsed(&["--server", "a:1", "-s", "b:2", "cluster"]);
+    assert_eq!(args.servers, vec!["a:1", "b:2"]);
+    let comma = parsed(&["cluster", "--server", "a:1,b:2", "--json"]);
+    assert_eq!(comma.servers, vec!["a:1", "b:2"]);
+    assert!(comma.json);
+}
+
+#[test]
+fn topics_subcommands_parse_with_metadata_checked_as_a_json_object() {
+    let args = parsed(&[
+        "topics",
+        "create",
+        "orders",
+        "--metadata",
+        r#"{"retention_hours":24}"#,
+    ]);
+    match args.command {
+        Command::Topics(TopicsCommand::Create { name, metadata }) => {
+            assert_eq!(name, "orders");
+            assert_eq!(metadata, Some(json!({"retention_hours": 24})));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(parse(&["topics", "create", "x", "--metadata", "[1]"]).is_err());
+    assert!(parse(&["topics", "create", "x", "--metadata", "{oops"]).is_err());
+    assert!(matches!(
+        parsed(&["topics", "list"]).command,
+        Command::Topics(TopicsCommand::List)
+    ));
+    assert!(matches!(
+        parsed(&["topics", "delete", "x"]).command,
+        Command::Topics(TopicsCommand::Delete { .. })
+    ));
+}
+
+#[test]
+fn publish_needs_a_payload_or_a_batch_file_but_not_both() {
+    let usage = |argv: &[&str]| parse(argv).map_err(|e| e.exit_code());
+    assert!(matches!(usage(&["publish", "t"]), Err(2)));
+    assert!(matches!(
+        usage(&["publish", "t", "1", "--batch", "f"]),
+        Err(2)
+    ));
+    assert!(matches!(
+        usage(&["publish", "t", "--batch", "f", "--id", "x"]),
+        Err(2)
+    ));
+    let args = parsed(&[
+        "publish",
+        "t",
+        r#"{"a":1}"#,
+        "--id",
+        "m1",
+        "--ack",
+        "appended",
+    ]);
+    match args.command {
+        Command::Publish(p) => {
+            assert_eq!(p.payload.as_deref(), Some(r#"{"a":1}"#));
+            assert_eq!(p.id.as_deref(), Some("m1"));
+            assert_eq!(crate::AckMode::from(p.ack), crate::AckMode::Appended);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn cursor_accepts_numbers_latest_and_acked_only() {
+    assert_eq!(parse_cursor("latest"), Ok(Cursor::Latest));
+    assert_eq!(parse_cursor("acked"), Ok(Cursor::Acked));
+    assert_eq!(parse_cursor("0"), Ok(Cursor::After(0)));
+    assert_eq!(parse_cursor("150"), Ok(Cursor::After(150)));
+    assert!(parse_cursor("-1").is_err());
+    assert!(parse_cursor("first").is_err());
+    match parsed(&["subscribe", "t", "--cursor", "7", "--ack", "--count", "3"]).command {
+        Command::Subscribe(s) => {
+            assert_eq!(s.cursor, Cursor::After(7));
+            assert!(s.ack);
+            assert_eq!(s.count, Some(3));
+        }
+        other => panic!("{other:?}"),
+    }
+    match parsed(&["subscribe", "t"]).command {
+        Command::Subscribe(s) => assert_eq!(s.cursor, Cursor::Latest),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bench_flags_parse_and_batch_is_bounded_by_the_endpoint_limit() {
+    let args = parsed(&[
+        "bench",
+        "--publishers",
+        "8",
+        "--inflight",
+        "32",
+        "--messages",
+        "100000",
+        "--payload-bytes",
+        "1024",
+        "--batch",
+        "100",
+        "--subscribers",
+        "2",
+        "--duration-secs",
+        "30",
+    ]);
+    match args.command {
+        Command::Bench(b) => {
+            assert_eq!(
+                (b.publishers, b.inflight, b.batch, b.subscribers),
+                (8, 32, 100, 2)
+            );
+            assert_eq!(b.messages, 100_000);
+            assert_eq!(b.payload_bytes, 1024);
+            assert_eq!(b.duration_secs, Some(30));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(parse(&["bench", "--batch", "1001"]).is_err());
+    assert!(parse(&["bench", "--publishers", "0"]).is_err());
+}
+
+#[test]
+fn text_that_is_not_json_is_published_as_a_json_string() {
+    assert_eq!(payload_from_text(r#"{"a":1}"#), json!({"a": 1}));
+    assert_eq!(payload_from_text("42"), json!(42));
+    assert_eq!(payload_from_text("hello world"), json!("hello world"));
+    assert_eq!(payload_from_text(r#""quoted""#), json!("quoted"));
+}
+
+#[test]
+fn batch_input_is_read_in_chunks_skipping_blank_lines() {
+    let input = "1\n\n{\"a\":2}\nplain text\n  \n4\n5\n";
+    let mut reader = std::io::Cursor::new(input);
+    let first = publish::read_batch(&mut reader, 3).unwrap_or_default();
+    let payloads: Vec<_> = first.iter().map(|m| m.payload.clone()).collect();
+    assert_eq!(
+        payloads,
+        vec![json!(1), json!({"a": 2}), json!("plain text")]
+    );
+    let second = publish::read_batch(&mut reader, 3).unwrap_or_default();
+    assert_eq!(second.len(), 2);
+    assert!(publish::read_batch(&mut reader, 3)
+        .unwrap_or_default()
+        .is_empty());
+}
+
+#[test]
+fn exit_codes_tell_refusal_usage_and_unreachable_apart() {
+    let api = CliError::Client(Error::Api(ApiError::from_body(
+        404,
+        br#"{"error":"topic_not_found","message":"no"}"#,
+    )));
+    assert_eq!(api.exit_code(), EXIT_REFUSED);
+    let unreachable = CliError::Client(Error::Unreachable {
+        attempts: 3,
+        source: "connection refused".into(),
+    });
+    assert_eq!(unreachable.exit_code(), EXIT_UNREACHABLE);
+    let no_leader = CliError::Client(Error::NoLeader {
+        attempts: 3,
+        elapsed: Duration::from_secs(1),
+    });
+    assert_eq!(no_leader.exit_code(), EXIT_UNREACHABLE);
+    assert_eq!(CliError::Usage("x".into()).exit_code(), EXIT_USAGE);
+    let bad_address = CliError::Client(Error::InvalidAddress {
+        address: "https://x".into(),
+        reason: "tls".into(),
+    });
+    assert_eq!(bad_address.exit_code(), EXIT_USAGE);
+    assert_eq!(CliError::OutputClosed.exit_code(), EXIT_OK);
+}
+
+#[test]
+fn errors_print_their_code_and_message() {
+    let api = CliError::Client(Error::Api(ApiError::from_body(
+        409,
+        br#"{"error":"duplicate_message_id","message":"already there","existing_sequence":3}"#,
+    )));
+    assert_eq!(
+        output::error_text(&api),
+        "duplicate_message_id (409): already there"
+    );
+    let j = output::error_json(&api);
+    assert_eq!(j["error"], "duplicate_message_id");
+    assert_eq!(j["status"], 409);
+    let unreachable = CliError::Client(Error::Unreachable {
+        attempts: 2,
+        source: "connection refused".into(),
+    });
+    assert!(output::error_text(&unreachable).contains("connection refused"));
+    assert_eq!(output::error_json(&unreachable)["error"], "unreachable");
+}
+
+#[test]
+fn times_are_printed_as_utc() {
+    assert_eq!(output::format_time_ms(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(
+        output::format_time_ms(1_714_000_000_123),
+        "2024-04-24T23:06:40.123Z"
+    );
+    assert_eq!(
+        output::format_time_ms(951_782_400_000),
+        "2000-02-29T00:00:00.000Z"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_exits_with_code_3() {
+    let dead = crate::test_support::dead_address().await;
+    let args = parsed(&["--server", &dead, "--timeout-ms", "300", "topics", "list"]);
+    // Keep the test quick: the retry budget is the default, but refused connections fail
+    // fast; the backoff is what takes time, so bound the whole run.
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(30), run(args, &Output::new(true))).await;
+    match outcome {
+        Ok(Err(e)) => assert_eq!(e.exit_code(), EXIT_UNREACHABLE, "{e}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,279 @@
+//! The retry loop: one [`Call`] replayed until it gets a final answer or the retry budget
+//! runs out, with leader discovery and redirects.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::{Method, Url};
+use serde::de::DeserializeOwned;
+
+use super::Client;
+use crate::endpoint::http_url;
+use crate::error::{ApiError, BoxError, Error, ErrorCode};
+use crate::limits;
+use crate::retry::{classify, Verdict};
+use crate::types::ClusterInfo;
+
+/// Why one attempt failed, kept to report the last one when the budget runs out.
+#[derive(Debug)]
+enum Failure {
+    /// Could not connect, or the connection broke or timed out.
+    Transport {
+        /// The transport error.
+        error: BoxError,
+        /// True when it was a timeout.
+        timeout: bool,
+    },
+    /// No node named a leader.
+    NoLeader,
+    /// The server answered with a retryable error.
+    Api(ApiError),
+}
+
+/// One HTTP operation, replayable on every attempt.
+#[derive(Debug, Clone)]
+pub(super) struct Call {
+    /// HTTP method.
+    pub(super) method: Method,
+    /// Path segments, percent-encoded when the URL is built.
+    pub(super) segments: Vec<String>,
+    /// Query parameters.
+    pub(super) query: Vec<(&'static str, String)>,
+    /// Serialized once; every attempt sends the same bytes (the same message id).
+    pub(super) body: Option<Bytes>,
+    /// Writes must reach the leader; reads may go anywhere.
+    pub(super) to_leader: bool,
+    /// Added to the request timeout (a long poll's wait).
+    pub(super) extra_timeout: Duration,
+}
+
+impl Call {
+    pub(super) fn new(method: Method, segments: &[&str], to_leader: bool) -> Call {
+        Call {
+            method,
+            segments: segments.iter().map(|s| s.to_string()).collect(),
+            query: Vec::new(),
+            body: None,
+            to_leader,
+            extra_timeout: Duration::ZERO,
+        }
+    }
+
+    pub(super) fn json_body(mut self, body: &impl serde::Serialize) -> Result<Call, Error> {
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| Error::InvalidArgument(format!("body does not serialize: {e}")))?;
+        self.body = Some(Bytes::from(bytes));
+        Ok(self)
+    }
+}
+
+/// The final answer of an operation, with what the retries learned.
+#[derive(Debug)]
+pub(super) struct Reply {
+    /// HTTP status of the final answer.
+    pub(super) status: u16,
+    /// Its body.
+    pub(super) body: Bytes,
+    /// Where it came from, for error reports.
+    pub(super) url: Url,
+    /// Attempts made, the first included.
+    pub(super) attempts: u32,
+    /// An earlier attempt may have taken effect on the server.
+    pub(super) maybe_applied: bool,
+}
+
+impl Reply {
+    fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    pub(super) fn api_error(&self) -> ApiError {
+        ApiError::from_body(self.status, &self.body)
+    }
+
+    pub(super) fn parse<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        if !self.is_success() {
+            return Err(Error::Api(self.api_error()));
+        }
+        serde_json::from_slice(&self.body).map_err(|e| Error::Protocol {
+            url: self.url.to_string(),
+            reason: format!("status {}: {e}", self.status),
+        })
+    }
+}
+
+impl Client {
+    /// One pass of `GET /cluster` over the known nodes, starting at the round-robin position,
+    /// until one names a leader.
+    async fn discover(&self, timeout: Duration) -> Result<Url, Failure> {
+        let mut last = Failure::NoLeader;
+        for _ in 0..self.node_count() {
+            let node = self.next_node();
+            let url = http_url(&node, &["cluster"], &[]);
+            let answer = self.inner.http.get(url).timeout(timeout).send().await;
+            let response = match answer {
+                Ok(r) => r,
+                Err(e) => {
+                    last = transport_failure(e);
+                    continue;
+                }
+            };
+            if !response.status().is_success() {
+                continue;
+            }
+            match response.json::<ClusterInfo>().await {
+                Ok(info) => {
+                    self.learn(&info);
+                    if let Some(leader) = self.leader() {
+                        if info.leader_address.is_some() {
+                            return Ok(leader);
+                        }
+                    }
+                    last = Failure::NoLeader;
+                }
+                Err(e) => last = transport_failure(e),
+            }
+        }
+        Err(last)
+    }
+
+    /// Runs a call until it gets a final answer or the retry budget runs out.
+    pub(super) async fn execute(&self, call: &Call) -> Result<Reply, Error> {
+        let policy = &self.inner.config.retry;
+        let started = Instant::now();
+        let mut attempts: u32 = 0;
+        let mut maybe_applied = false;
+        let mut redirect_hops: u32 = 0;
+        let mut redirect_to: Option<Url> = None;
+        loop {
+            attempts += 1;
+            let remaining = policy.operation_timeout.saturating_sub(started.elapsed());
+            let timeout = (self.inner.config.request_timeout + call.extra_timeout).min(remaining);
+            let mut sleep_before_next = true;
+            let failure = 'attempt: {
+                let target = match redirect_to.take() {
+                    Some(url) => url,
+                    None if call.to_leader => match self.leader() {
+                        Some(leader) => leader,
+                        None => match self.discover(timeout).await {
+                            Ok(leader) => leader,
+                            Err(failure) => break 'attempt failure,
+                        },
+                    },
+                    None => self.leader().unwrap_or_else(|| self.next_node()),
+                };
+                let url = http_url(&target, &segments(call), &call.query);
+                let mut request = self
+                    .inner
+                    .http
+                    .request(call.method.clone(), url.clone())
+                    .timeout(timeout);
+                if let Some(body) = &call.body {
+                    request = request
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(body.clone());
+                }
+                let response = match request.send().await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Past the connect stage the request may have been received.
+                        maybe_applied |= !e.is_connect();
+                        self.forget_leader(&target);
+                        break 'attempt transport_failure(e);
+                    }
+                };
+                let status = response.status().as_u16();
+                let location = response
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let body = match response.bytes().await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        maybe_applied = true;
+                        self.forget_leader(&target);
+                        break 'attempt transport_failure(e);
+                    }
+                };
+                let error = (status >= 300).then(|| ApiError::from_body(status, &body));
+                match classify(status, error.as_ref(), location.as_deref()) {
+                    Verdict::Done => {
+                        return Ok(Reply {
+                            status,
+                            body,
+                            url,
+                            attempts,
+                            maybe_applied,
+                        })
+                    }
+                    Verdict::Redirect(Some(leader)) => {
+                        redirect_hops += 1;
+                        // Follow at once unless the cluster bounces us around or points back at
+                        // the node that just refused.
+                        sleep_before_next =
+                            redirect_hops > limits::REDIRECT_HOPS_MAX || (leader == target);
+                        self.set_leader(leader.clone());
+                        redirect_to = Some(leader);
+                        match error {
+                            Some(e) => Failure::Api(e),
+                            None => Failure::NoLeader,
+                        }
+                    }
+                    Verdict::Redirect(None) => {
+                        self.forget_leader(&target);
+                        Failure::NoLeader
+                    }
+                    Verdict::Retry {
+                        maybe_applied: applied,
+                        forget_leader,
+                    } => {
+                        maybe_applied |= applied;
+                        if forget_leader {
+                            self.forget_leader(&target);
+                        }
+                        match error {
+                            Some(e) if e.code == ErrorCode::NoLeader => Failure::NoLeader,
+                            Some(e) => Failure::Api(e),
+                            None => Failure::NoLeader,
+                        }
+                    }
+                }
+            };
+            let elapsed = started.elapsed();
+            if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
+                return Err(exhausted(failure, attempts, elapsed));
+            }
+            tracing::debug!(attempts, ?failure, "retrying");
+            if sleep_before_next {
+                let wait = policy.backoff(attempts, &mut rand::thread_rng());
+                let remaining = policy.operation_timeout.saturating_sub(elapsed);
+                tokio::time::sleep(wait.min(remaining)).await;
+            }
+        }
+    }
+}
+
+fn segments(call: &Call) -> Vec<&str> {
+    call.segments.iter().map(String::as_str).collect()
+}
+
+fn transport_failure(error: reqwest::Error) -> Failure {
+    Failure::Transport {
+        timeout: error.is_timeout(),
+        error: Box::new(error),
+    }
+}
+
+/// The error to report when the budget ran out, named after the last failure.
+fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
+    match failure {
+        Failure::NoLeader => Error::NoLeader { attempts, elapsed },
+        Failure::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },
+        Failure::Transport { error, .. } => Error::Unreachable {
+            attempts,
+            source: error,
+        },
+        Failure::Api(api) => Error::Api(api),
+    }
+}

@@ -1,0 +1,98 @@
+//! What the client knows about the cluster's nodes: the known addresses, the cached leader,
+//! the round-robin position.
+
+use std::sync::MutexGuard;
+
+use reqwest::Url;
+
+use super::{Client, Nodes};
+use crate::endpoint::{self, http_url};
+use crate::types::ClusterInfo;
+
+impl Client {
+    pub(super) fn lock_nodes(&self) -> MutexGuard<'_, Nodes> {
+        // A panic while holding this lock cannot leave `Nodes` half-updated in a way that
+        // matters (every field is a hint), so a poisoned lock is used as is.
+        self.inner
+            .nodes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The next node in round-robin order.
+    pub(crate) fn next_node(&self) -> Url {
+        let mut nodes = self.lock_nodes();
+        let index = nodes.next % nodes.known.len().max(1);
+        nodes.next = index + 1;
+        // `known` is never empty: `with_config` refuses an empty seed list and nothing removes.
+        nodes.known[index].clone()
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.lock_nodes().known.len()
+    }
+
+    pub(super) fn leader(&self) -> Option<Url> {
+        self.lock_nodes().leader.clone()
+    }
+
+    pub(crate) fn set_leader(&self, leader: Url) {
+        let mut nodes = self.lock_nodes();
+        if !nodes.known.contains(&leader) {
+            nodes.known.push(leader.clone());
+        }
+        nodes.leader = Some(leader);
+    }
+
+    /// Forgets the cached leader if it is still `failed` (another task may have found a new
+    /// one meanwhile).
+    pub(super) fn forget_leader(&self, failed: &Url) {
+        let mut nodes = self.lock_nodes();
+        if nodes.leader.as_ref() == Some(failed) {
+            nodes.leader = None;
+        }
+    }
+
+    /// Adds the peers of a `/cluster` answer and caches the leader it names.
+    pub(super) fn learn(&self, info: &ClusterInfo) {
+        let mut nodes = self.lock_nodes();
+        for peer in &info.peers {
+            if let Ok(url) = endpoint::parse_base(peer) {
+                if !nodes.known.contains(&url) {
+                    nodes.known.push(url);
+                }
+            }
+        }
+        if let Some(leader) = info
+            .leader_address
+            .as_deref()
+            .and_then(|a| endpoint::parse_base(a).ok())
+        {
+            if !nodes.known.contains(&leader) {
+                nodes.known.push(leader.clone());
+            }
+            nodes.leader = Some(leader);
+        }
+    }
+
+    /// Records a `leader_change` frame's leader address in the cache.
+    pub(crate) fn learn_leader_address(&self, address: &str) {
+        if let Ok(url) = endpoint::parse_base(address) {
+            self.set_leader(url);
+        }
+    }
+
+    /// Best effort: asks the next node for `/cluster` to learn peers and the leader, so a
+    /// subscription can fail over to nodes that were not among the seeds.
+    pub(crate) async fn refresh_nodes(&self) {
+        let node = self.next_node();
+        let url = http_url(&node, &["cluster"], &[]);
+        let timeout = self.config().connect_timeout;
+        let answer = self.inner.http.get(url).timeout(timeout).send().await;
+        if let Ok(response) = answer {
+            if let Ok(info) = response.json::<ClusterInfo>().await {
+                self.learn(&info);
+            }
+        }
+    }
+}

@@ -1,0 +1,513 @@
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::Query;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::*;
+use crate::error::ApiError;
+use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve_with};
+
+/// Bodies received by a mock endpoint, in order.
+type Seen = Arc<Mutex<Vec<Value>>>;
+
+fn seen() -> Seen {
+    Arc::new(Mutex::new(Vec::new()))
+}
+
+fn record(seen: &Seen, body: &[u8]) -> usize {
+    let value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let mut list = seen.lock().unwrap_or_else(|p| p.into_inner());
+    list.push(value);
+    list.len()
+}
+
+fn bodies(seen: &Seen) -> Vec<Value> {
+    seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// A single node that leads and answers publishes with `answer(attempt, body)`.
+async fn leader_node(
+    seen: Seen,
+    answer: impl Fn(usize, &Value) -> Response + Clone + Send + Sync + 'static,
+) -> String {
+    serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        Router::new()
+            .route("/cluster", get(move || async move { Json(cluster) }))
+            .route(
+                "/topics/{name}/messages",
+                post(move |body: Bytes| async move {
+                    let n = record(&seen, &body);
+                    let last = bodies(&seen).pop().unwrap_or(Value::Null);
+                    answer(n, &last)
+                }),
+            )
+    })
+    .await
+}
+
+fn published(body: &Value, sequence: u64) -> Response {
+    (
+        axum::http::StatusCode::CREATED,
+        Json(json!({"id": body["id"], "topic": "t", "sequence": sequence,
+                    "raft_index": 10, "committed": true})),
+    )
+        .into_response()
+}
+
+#[tokio::test]
+async fn follows_307_to_the_leader_and_caches_it() {
+    let leader_hits = seen();
+    let leader = leader_node(leader_hits.clone(), |_, body| published(body, 1)).await;
+    let follower_hits = seen();
+    let follower = {
+        let leader = leader.clone();
+        let hits = follower_hits.clone();
+        serve_with(move |me| {
+            // A stale view: this follower still believes it leads.
+            let cluster = cluster_body("node-2", Some(&me), &[&me]);
+            Router::new()
+                .route("/cluster", get(move || async move { Json(cluster) }))
+                .route(
+                    "/topics/{name}/messages",
+                    post(move |body: Bytes| async move {
+                        record(&hits, &body);
+                        let mut r = error_response(
+                            307,
+                            "not_leader",
+                            json!({"leader_id": "node-1", "leader_address": leader}),
+                        );
+                        if let Ok(v) = format!("http://{leader}/topics/t/messages").parse() {
+                            r.headers_mut().insert("location", v);
+                        }
+                        r
+                    }),
+                )
+        })
+        .await
+    };
+    let client = fast_client(&[&follower]);
+    let first = client.publish("t", json!(1)).await;
+    assert!(
+        matches!(
+            first,
+            Ok(PublishAck {
+                sequence: Some(1),
+                duplicate: false,
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(client.cached_leader(), Some(format!("http://{leader}/")));
+    let second = client.publish("t", json!(2)).await;
+    assert!(second.is_ok(), "{second:?}");
+    assert_eq!(
+        bodies(&follower_hits).len(),
+        1,
+        "second publish went to the cached leader"
+    );
+    assert_eq!(bodies(&leader_hits).len(), 2);
+    // The redirected attempt carried the same id as the refused one.
+    assert_eq!(
+        bodies(&follower_hits)[0]["id"],
+        bodies(&leader_hits)[0]["id"]
+    );
+}
+
+#[tokio::test]
+async fn redirect_with_only_a_location_header_is_followed() {
+    let leader = leader_node(seen(), |_, body| published(body, 3)).await;
+    let follower = {
+        let leader = leader.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-2", Some(&me), &[]);
+            Router::new()
+                .route("/cluster", get(move || async move { Json(cluster) }))
+                .route(
+                    "/topics/{name}/messages",
+                    post(move || async move {
+                        let location = format!("http://{leader}/topics/t/messages");
+                        (
+                            axum::http::StatusCode::TEMPORARY_REDIRECT,
+                            [("location", location)],
+                        )
+                            .into_response()
+                    }),
+                )
+        })
+        .await
+    };
+    let client = fast_client(&[&follower]);
+    let ack = client.publish("t", json!("x")).await;
+    assert!(
+        matches!(
+            ack,
+            Ok(PublishAck {
+                sequence: Some(3),
+                ..
+            })
+        ),
+        "{ack:?}"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_503_keeps_the_same_message_id() {
+    let hits = seen();
+    let node = leader_node(hits.clone(), |n, body| {
+        if n <= 2 {
+            error_response(503, "no_leader", json!({}))
+        } else {
+            published(body, 9)
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let ack = client.publish("t", json!({"a": 1})).await;
+    let ack = match ack {
+        Ok(a) => a,
+        Err(e) => panic!("{e}"),
+    };
+    let ids: Vec<Value> = bodies(&hits).iter().map(|b| b["id"].clone()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    assert_eq!(ids[0], json!(ack.id));
+    assert!(
+        uuid::Uuid::parse_str(&ack.id).is_ok(),
+        "generated id is a UUID"
+    );
+}
+
+#[tokio::test]
+async fn duplicate_on_a_retry_is_success_with_the_existing_sequence() {
+    let hits = seen();
+    let node = leader_node(hits.clone(), |n, body| {
+        if n == 1 {
+            error_response(504, "raft_timeout", json!({}))
+        } else {
+            error_response(
+                409,
+                "duplicate_message_id",
+                json!({"id": body["id"], "existing_sequence": 7}),
+            )
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let msg = NewMessage::new(json!(1)).with_id("order-1");
+    let ack = client.publish_message("t", msg, AckMode::Committed).await;
+    assert!(
+        matches!(&ack, Ok(PublishAck { sequence: Some(7), duplicate: true, committed: true, id, .. }) if id == "order-1"),
+        "{ack:?}"
+    );
+    assert_eq!(bodies(&hits).len(), 2);
+}
+
+#[tokio::test]
+async fn duplicate_on_the_first_attempt_is_an_error() {
+    let node = leader_node(seen(), |_, _| {
+        error_response(409, "duplicate_message_id", json!({"existing_sequence": 4}))
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let msg = NewMessage::new(json!(1)).with_id("reused");
+    let err = client.publish_message("t", msg, AckMode::Committed).await;
+    match err {
+        Err(Error::Api(api)) => {
+            assert_eq!(api.code, ErrorCode::DuplicateMessageId);
+            assert_eq!(api.existing_sequence(), Some(4));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn appended_ack_mode_is_sent_as_a_query_parameter() {
+    let queries = seen();
+    let node = {
+        let queries = queries.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-1", Some(&me), &[]);
+            Router::new()
+                .route("/cluster", get(move || async move { Json(cluster) }))
+                .route(
+                    "/topics/{name}/messages",
+                    post(
+                        move |Query(q): Query<std::collections::HashMap<String, String>>,
+                              body: Bytes| async move {
+                            let q = serde_json::to_vec(&q).unwrap_or_default();
+                            record(&queries, &q);
+                            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            (
+                                axum::http::StatusCode::ACCEPTED,
+                                Json(json!({"id": body["id"], "topic": "t", "sequence": null,
+                                            "raft_index": 3, "committed": false})),
+                            )
+                        },
+                    ),
+                )
+        })
+        .await
+    };
+    let client = fast_client(&[&node]);
+    let ack = client
+        .publish_message("t", NewMessage::new(json!(1)), AckMode::Appended)
+        .await;
+    assert!(
+        matches!(
+            ack,
+            Ok(PublishAck {
+                sequence: None,
+                committed: false,
+                ..
+            })
+        ),
+        "{ack:?}"
+    );
+    assert_eq!(bodies(&queries), vec![json!({"ack": "appended"})]);
+}
+
+#[tokio::test]
+async fn a_cluster_that_refuses_connections_is_unreachable() {
+    let dead = dead_address().await;
+    let client = fast_client(&[&dead]);
+    let publish = client.publish("t", json!(1)).await;
+    assert!(
+        matches!(publish, Err(Error::Unreachable { attempts: 6, .. })),
+        "{publish:?}"
+    );
+    let cluster = client.cluster().await;
+    assert!(
+        matches!(&cluster, Err(e) if e.is_unreachable()),
+        "{cluster:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_leader_for_the_whole_budget_is_a_no_leader_error() {
+    let node = serve_with(|me| {
+        let cluster = cluster_body("node-1", None, &[&me]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) }))
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publish = client.publish("t", json!(1)).await;
+    assert!(
+        matches!(publish, Err(Error::NoLeader { attempts: 6, .. })),
+        "{publish:?}"
+    );
+}
+
+#[tokio::test]
+async fn retried_delete_that_finds_the_topic_gone_reports_it_deleted() {
+    let hits = seen();
+    let node = {
+        let hits = hits.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-1", Some(&me), &[]);
+            Router::new()
+                .route("/cluster", get(move || async move { Json(cluster) }))
+                .route(
+                    "/topics/{name}",
+                    delete(move || async move {
+                        if record(&hits, b"null") == 1 {
+                            error_response(504, "raft_timeout", json!({}))
+                        } else {
+                            error_response(404, "topic_not_found", json!({}))
+                        }
+                    }),
+                )
+        })
+        .await
+    };
+    let client = fast_client(&[&node]);
+    let ack = client.delete_topic("gone").await;
+    assert!(
+        matches!(&ack, Ok(DeleteTopicAck { deleted: true, raft_index: None, topic }) if topic == "gone"),
+        "{ack:?}"
+    );
+    // Without an ambiguous attempt before it, a 404 is the truth.
+    let again = client.delete_topic("gone").await;
+    assert!(
+        matches!(again, Err(Error::Api(ApiError { status: 404, .. }))),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn reads_fail_over_to_the_next_node_and_learn_its_peers() {
+    let dead = dead_address().await;
+    let live = serve_with(|me| {
+        let cluster = cluster_body("node-2", None, &[&me, "10.9.9.9:8080"]);
+        Router::new()
+            .route("/cluster", get(move || async move { Json(cluster) }))
+            .route(
+                "/topics",
+                get(|| async {
+                    Json(json!({"topics": [{"name": "a", "message_count": 2, "created_at": 5}]}))
+                }),
+            )
+    })
+    .await;
+    let client = fast_client(&[&dead, &live]);
+    let topics = client.list_topics().await;
+    assert!(
+        matches!(&topics, Ok(list) if list.len() == 1 && list[0].name == "a"),
+        "{topics:?}"
+    );
+    let info = client.cluster().await;
+    assert!(
+        matches!(&info, Ok(i) if i.leader_address.is_none()),
+        "{info:?}"
+    );
+    assert!(client
+        .nodes()
+        .contains(&"http://10.9.9.9:8080/".to_string()));
+}
+
+#[tokio::test]
+async fn batch_fills_missing_ids_and_keeps_them_across_retries() {
+    let hits = seen();
+    let node = {
+        let hits = hits.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-1", Some(&me), &[]);
+            Router::new()
+                .route("/cluster", get(move || async move { Json(cluster) }))
+                .route(
+                    "/topics/{name}/messages/batch",
+                    post(move |body: Bytes| async move {
+                        if record(&hits, &body) == 1 {
+                            return error_response(503, "no_leader", json!({}));
+                        }
+                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+                        let results: Vec<Value> = msgs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, m)| {
+                                if i == 0 {
+                                    json!({"id": m["id"], "error": "duplicate_message_id",
+                                           "existing_sequence": 1})
+                                } else {
+                                    json!({"id": m["id"], "sequence": i + 1})
+                                }
+                            })
+                            .collect();
+                        (
+                            axum::http::StatusCode::CREATED,
+                            Json(json!({"topic": "t", "results": results, "raft_index": 4,
+                                        "committed": true})),
+                        )
+                            .into_response()
+                    }),
+                )
+        })
+        .await
+    };
+    let client = fast_client(&[&node]);
+    let batch = vec![
+        NewMessage::new(json!(1)).with_id("mine"),
+        NewMessage::new(json!(2)),
+        NewMessage::new(json!(3)),
+    ];
+    let ack = match client.publish_batch("t", batch).await {
+        Ok(a) => a,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(ack.retried);
+    assert_eq!(ack.results.len(), 3);
+    assert!(
+        matches!(&ack.results[0], BatchItem::Duplicate { id, existing_sequence: Some(1) } if id == "mine")
+    );
+    assert!(matches!(
+        ack.results[2],
+        BatchItem::Published { sequence: 3, .. }
+    ));
+    let sent = bodies(&hits);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        sent[0], sent[1],
+        "the retry sent the very same messages and ids"
+    );
+    assert!(sent[0]["messages"][1]["id"].is_string());
+}
+
+#[tokio::test]
+async fn an_empty_or_oversized_batch_is_refused_without_a_request() {
+    let client = fast_client(&["127.0.0.1:9"]);
+    let empty = client.publish_batch("t", Vec::new()).await;
+    assert!(matches!(empty, Err(Error::InvalidArgument(_))));
+    let big = vec![NewMessage::new(json!(1)); limits::BATCH_MESSAGES_MAX + 1];
+    assert!(matches!(
+        client.publish_batch("t", big).await,
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[tokio::test]
+async fn long_poll_read_sends_cursor_limit_and_wait() {
+    let node = serve_with(|_| {
+        Router::new().route(
+            "/topics/{name}/messages",
+            get(
+                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+                    Json(json!({
+                        "messages": [{"id": format!("{q:?}"), "topic": "t", "sequence": after + 1,
+                                      "payload": {"limit": q.get("limit"), "wait": q.get("wait_ms")},
+                                      "timestamp": 1}],
+                        "next_cursor": after + 1, "current_sequence": after + 1
+                    }))
+                },
+            ),
+        )
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let page = client
+        .read_messages(
+            "t",
+            ReadOptions::after(41)
+                .limit(5)
+                .wait(Duration::from_millis(250)),
+        )
+        .await;
+    let page = match page {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(page.next_cursor, 42);
+    assert_eq!(
+        page.messages[0].payload,
+        json!({"limit": "5", "wait": "250"})
+    );
+}
+
+#[test]
+fn a_client_needs_at_least_one_usable_seed() {
+    assert!(matches!(
+        Client::new(Vec::<String>::new()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Client::new(["https://secure:443"]),
+        Err(Error::InvalidAddress { .. })
+    ));
+    let dup = Client::new(["h:1", "http://h:1/"]).map(|c| c.nodes().len());
+    assert!(matches!(dup, Ok(1)));
+}
+
+#[test]
+fn too_long_message_ids_are_refused_locally() {
+    let mut m = NewMessage::new(json!(1)).with_id("x".repeat(limits::MESSAGE_ID_CHARS_MAX + 1));
+    assert!(ensure_id(&mut m).is_err());
+    let mut ok = NewMessage::new(json!(1));
+    assert!(ensure_id(&mut ok).is_ok());
+    assert!(ok.id.is_some());
+}

@@ -1,0 +1,357 @@
+//! Errors of the client: what the server said ([`ApiError`]) and what went wrong on the way
+//! ([`Error`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Boxed source of a transport failure, kept so `Error::source()` chains reach it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An error code of API.md §1, spelled as the server spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// `307`: a write reached a follower (the client follows it; callers rarely see it).
+    NotLeader,
+    /// `503`: no leader is known; the client retries it.
+    NoLeader,
+    /// `404`: the topic does not exist or was deleted.
+    TopicNotFound,
+    /// `409`: reserved by the server (create is idempotent).
+    TopicAlreadyExists,
+    /// `409`: this message id was already published to this topic.
+    DuplicateMessageId,
+    /// `400`: cursor beyond the topic's `current_sequence`, or not a number.
+    InvalidCursor,
+    /// `400`: malformed body, missing or wrong-typed field.
+    InvalidRequest,
+    /// `400`: topic name outside `[A-Za-z0-9._-]{1,255}`.
+    InvalidTopicName,
+    /// `413`: message payload over 1 MiB.
+    PayloadTooLarge,
+    /// `401`: authentication required.
+    Unauthorized,
+    /// `403`: authenticated but not allowed.
+    Forbidden,
+    /// `504`: not committed within the server's write timeout; the client retries it.
+    RaftTimeout,
+    /// `500`: appended but failed to commit; the client retries it with the same id.
+    NotCommitted,
+    /// A code this client does not know, or `http_<status>` when the body had none
+    /// (for example a proxy's error page).
+    Other(String),
+}
+
+impl ErrorCode {
+    /// Parses the `error` field of an error body.
+    pub fn parse(code: &str) -> ErrorCode {
+        match code {
+            "not_leader" => ErrorCode::NotLeader,
+            "no_leader" => ErrorCode::NoLeader,
+            "topic_not_found" => ErrorCode::TopicNotFound,
+            "topic_already_exists" => ErrorCode::TopicAlreadyExists,
+            "duplicate_message_id" => ErrorCode::DuplicateMessageId,
+            "invalid_cursor" => ErrorCode::InvalidCursor,
+            "invalid_request" => ErrorCode::InvalidRequest,
+            "invalid_topic_name" => ErrorCode::InvalidTopicName,
+            "payload_too_large" => ErrorCode::PayloadTooLarge,
+            "unauthorized" => ErrorCode::Unauthorized,
+            "forbidden" => ErrorCode::Forbidden,
+            "raft_timeout" => ErrorCode::RaftTimeout,
+            "not_committed" => ErrorCode::NotCommitted,
+            other => ErrorCode::Other(other.to_string()),
+        }
+    }
+
+    /// The code as the server spells it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorCode::NotLeader => "not_leader",
+            ErrorCode::NoLeader => "no_leader",
+            ErrorCode::TopicNotFound => "topic_not_found",
+            ErrorCode::TopicAlreadyExists => "topic_already_exists",
+            ErrorCode::DuplicateMessageId => "duplicate_message_id",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::InvalidTopicName => "invalid_topic_name",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::RaftTimeout => "raft_timeout",
+            ErrorCode::NotCommitted => "not_committed",
+            ErrorCode::Other(other) => other,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error answer of the server: its HTTP status and the API.md error body
+/// `{"error": CODE, "message": TEXT, "details": {...}}`.
+///
+/// ```
+/// use pubsub_client::{ApiError, ErrorCode};
+///
+/// let body = br#"{"error":"duplicate_message_id","message":"already published",
+///                 "id":"m-1","existing_sequence":42,"details":{"existing_sequence":42}}"#;
+/// let err = ApiError::from_body(409, body);
+/// assert_eq!(err.code, ErrorCode::DuplicateMessageId);
+/// assert_eq!(err.existing_sequence(), Some(42));
+/// ```
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code} ({status}): {message}")]
+pub struct ApiError {
+    /// HTTP status of the answer.
+    pub status: u16,
+    /// The `error` field, typed.
+    pub code: ErrorCode,
+    /// The `message` field: a human-readable explanation.
+    pub message: String,
+    /// The `details` field (`{}` when the server sent none).
+    pub details: Value,
+    /// The whole body, because some answers carry fields at the top level
+    /// (`existing_sequence` of a duplicate, `leader_address` of a redirect).
+    pub body: Value,
+}
+
+impl ApiError {
+    /// Builds the error from a status and a response body. Tolerant by design: a body that is
+    /// not the API.md error shape (a proxy's HTML page, an empty body) still gives an error,
+    /// with code `http_<status>` and the text as message.
+    pub fn from_body(status: u16, body: &[u8]) -> ApiError {
+        let parsed: Option<Value> = serde_json::from_slice(body).ok();
+        let code = parsed
+            .as_ref()
+            .and_then(|v| v.get("error"))
+            .and_then(Value::as_str)
+            .map(ErrorCode::parse)
+            .unwrap_or_else(|| ErrorCode::Other(format!("http_{status}")));
+        let message = match parsed.as_ref().and_then(|v| v.get("message")) {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None if parsed.is_some() => String::new(),
+            None => String::from_utf8_lossy(body)
+                .trim()
+                .chars()
+                .take(200)
+                .collect(),
+        };
+        let details = parsed
+            .as_ref()
+            .and_then(|v| v.get("details"))
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
+        ApiError {
+            status,
+            code,
+            message,
+            details,
+            body: parsed.unwrap_or(Value::Null),
+        }
+    }
+
+    /// A field of the body, looked up at the top level first and then in `details`.
+    pub fn field(&self, name: &str) -> Option<&Value> {
+        self.body
+            .get(name)
+            .filter(|v| !v.is_null())
+            .or_else(|| self.details.get(name).filter(|v| !v.is_null()))
+    }
+
+    /// `existing_sequence` of a `duplicate_message_id` answer; `None` when absent or `null`
+    /// (the first publish of that id is still in flight).
+    pub fn existing_sequence(&self) -> Option<u64> {
+        self.field("existing_sequence").and_then(Value::as_u64)
+    }
+
+    /// `leader_address` of a `not_leader` answer.
+    pub fn leader_address(&self) -> Option<&str> {
+        self.field("leader_address").and_then(Value::as_str)
+    }
+}
+
+/// Everything a client call can fail with.
+///
+/// A CLI maps it to exit codes with [`Error::is_unreachable`]: `Api` means the server said
+/// no; `NoLeader`, `Unreachable` and `Timeout` mean the cluster could not be reached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The server answered with an error body (after any retries the error allows).
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// No node named a leader for the whole retry budget.
+    #[error("no leader known after {attempts} attempts in {elapsed:?}")]
+    NoLeader {
+        /// Attempts made, the first included.
+        attempts: u32,
+        /// Time spent.
+        elapsed: Duration,
+    },
+    /// Every attempt failed to connect or lost its connection.
+    #[error("cluster unreachable after {attempts} attempts: {source}")]
+    Unreachable {
+        /// Attempts made, the first included.
+        attempts: u32,
+        /// The last transport error.
+        #[source]
+        source: BoxError,
+    },
+    /// Attempts timed out until the retry budget or the operation timeout ran out.
+    #[error("timed out after {attempts} attempts in {elapsed:?}")]
+    Timeout {
+        /// Attempts made, the first included.
+        attempts: u32,
+        /// Time spent.
+        elapsed: Duration,
+    },
+    /// A server address or URL could not be used.
+    #[error("invalid server address {address:?}: {reason}")]
+    InvalidAddress {
+        /// The address as given.
+        address: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The caller passed something the server would refuse anyway (checked locally).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The server's answer could not be understood.
+    #[error("unexpected answer from {url}: {reason}")]
+    Protocol {
+        /// Where the answer came from.
+        url: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// A subscription received a message whose sequence skips past the next expected one
+    /// without a `messages_expired` frame announcing it. The server broke its no-gap promise;
+    /// the stream reports it and then goes on with the message.
+    #[error("sequence gap on topic {topic}: last delivered {last_delivered}, received {received}")]
+    SequenceGap {
+        /// The subscribed topic.
+        topic: String,
+        /// Last sequence the stream delivered.
+        last_delivered: u64,
+        /// The sequence that arrived instead of `last_delivered + 1`.
+        received: u64,
+    },
+}
+
+impl Error {
+    /// The server's error, when the server answered.
+    pub fn api(&self) -> Option<&ApiError> {
+        match self {
+            Error::Api(api) => Some(api),
+            _ => None,
+        }
+    }
+
+    /// True when the cluster could not be reached or had no leader (CLI exit code 3).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::NoLeader { .. } | Error::Unreachable { .. } | Error::Timeout { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_code_round_trips_through_its_spelling() {
+        for code in [
+            "not_leader",
+            "no_leader",
+            "topic_not_found",
+            "topic_already_exists",
+            "duplicate_message_id",
+            "invalid_cursor",
+            "invalid_request",
+            "invalid_topic_name",
+            "payload_too_large",
+            "unauthorized",
+            "forbidden",
+            "raft_timeout",
+            "not_committed",
+        ] {
+            let parsed = ErrorCode::parse(code);
+            assert!(!matches!(parsed, ErrorCode::Other(_)), "{code} unknown");
+            assert_eq!(parsed.as_str(), code);
+        }
+        assert_eq!(
+            ErrorCode::parse("brand_new"),
+            ErrorCode::Other("brand_new".into())
+        );
+    }
+
+    #[test]
+    fn error_body_gives_code_message_and_details() {
+        let err = ApiError::from_body(
+            404,
+            br#"{"error":"topic_not_found","message":"no topic x","details":{"topic":"x"}}"#,
+        );
+        assert_eq!(err.status, 404);
+        assert_eq!(err.code, ErrorCode::TopicNotFound);
+        assert_eq!(err.message, "no topic x");
+        assert_eq!(err.details["topic"], "x");
+        assert_eq!(err.to_string(), "topic_not_found (404): no topic x");
+    }
+
+    #[test]
+    fn duplicate_sequence_is_read_from_top_level_or_details_and_null_is_none() {
+        let top = ApiError::from_body(
+            409,
+            br#"{"error":"duplicate_message_id","id":"a","existing_sequence":7}"#,
+        );
+        assert_eq!(top.existing_sequence(), Some(7));
+        let nested = ApiError::from_body(
+            409,
+            br#"{"error":"duplicate_message_id","details":{"existing_sequence":9}}"#,
+        );
+        assert_eq!(nested.existing_sequence(), Some(9));
+        let in_flight = ApiError::from_body(
+            409,
+            br#"{"error":"duplicate_message_id","existing_sequence":null}"#,
+        );
+        assert_eq!(in_flight.existing_sequence(), None);
+    }
+
+    #[test]
+    fn redirect_body_gives_the_leader_address() {
+        let err = ApiError::from_body(
+            307,
+            br#"{"error":"not_leader","message":"m","leader_id":"node-2","leader_address":"127.0.0.1:8082"}"#,
+        );
+        assert_eq!(err.code, ErrorCode::NotLeader);
+        assert_eq!(err.leader_address(), Some("127.0.0.1:8082"));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_still_gives_an_error_named_by_status() {
+        let err = ApiError::from_body(502, b"<html>Bad Gateway</html>");
+        assert_eq!(err.code, ErrorCode::Other("http_502".into()));
+        assert_eq!(err.message, "<html>Bad Gateway</html>");
+        assert_eq!(err.details, serde_json::json!({}));
+    }
+
+    #[test]
+    fn only_reachability_errors_count_as_unreachable() {
+        let no_leader = Error::NoLeader {
+            attempts: 3,
+            elapsed: Duration::from_secs(1),
+        };
+        assert!(no_leader.is_unreachable());
+        let api = Error::Api(ApiError::from_body(404, b"{}"));
+        assert!(!api.is_unreachable());
+        assert!(api.api().is_some());
+    }
+}

@@ -1,0 +1,81 @@
+//! Named limits and defaults of the client, each with the reason it has its value.
+//!
+//! Limits the server enforces (API.md §1, §4) are repeated here so the client can refuse
+//! an input before spending a round trip on it; the server stays the authority.
+
+use std::time::Duration;
+
+/// Most messages in one `POST /topics/:name/messages/batch` (API.md §4); the CLI's
+/// `--batch` and the bench split their input into chunks of this size.
+pub const BATCH_MESSAGES_MAX: usize = 1000;
+
+/// Longest message id the server accepts (API.md §1); longer ids are refused locally.
+pub const MESSAGE_ID_CHARS_MAX: usize = 256;
+
+/// Longest subscriber id the server accepts (API.md §1).
+pub const SUBSCRIBER_ID_CHARS_MAX: usize = 256;
+
+/// Time to open a TCP connection to one node. Short, because a dead node is the common
+/// reason a connect hangs, and trying the next node is cheaper than waiting.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+
+/// Time one HTTP attempt may take. Longer than the server's write timeout (5 s, API.md §1),
+/// so a slow commit comes back as `504 raft_timeout` rather than as a client-side timeout.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// Attempts one operation may make (the first try included) before the client gives up.
+/// With the backoff below this covers a few seconds of leader election.
+pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
+
+/// Wall-clock budget of one operation across all its attempts.
+pub const OPERATION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// First backoff step; doubled on each retry up to [`BACKOFF_MAX_DEFAULT`].
+pub const BACKOFF_INITIAL_DEFAULT: Duration = Duration::from_millis(50);
+
+/// Largest backoff step, so a client keeps probing often enough to notice a new leader.
+pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(2);
+
+/// Consecutive 307 answers followed without sleeping. Past it the client backs off, so two
+/// nodes that disagree about the leader cannot make it spin.
+pub const REDIRECT_HOPS_MAX: u32 = 3;
+
+/// Consecutive failed reconnects after which a subscription gives up and ends with an error.
+/// With the capped backoff this is about a minute of a cluster that cannot be reached.
+pub const RECONNECT_ATTEMPTS_MAX_DEFAULT: u32 = 30;
+
+/// Interval of WebSocket pings on an idle subscription; their pongs prove the node is alive.
+pub const SUBSCRIBE_PING_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+
+/// A subscription that receives nothing (not even a pong) for this long is taken as dead and
+/// reconnected. A half-open TCP connection (a partitioned node) would otherwise hang forever.
+pub const SUBSCRIBE_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// Events a subscription buffers ahead of the application. When it is full the reader stops
+/// reading the socket, TCP pushes back, and the server serves the subscriber from storage.
+pub const SUBSCRIPTION_EVENTS_BUFFERED: usize = 256;
+
+/// How long [`crate::Subscription::close`] waits for the last ack and the close handshake.
+pub const SUBSCRIPTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeout_outlasts_the_servers_write_timeout() {
+        // API.md §1: the server answers 504 raft_timeout after 5 s.
+        assert!(REQUEST_TIMEOUT_DEFAULT > Duration::from_secs(5));
+    }
+
+    #[test]
+    fn backoff_grows_from_initial_to_max_and_fits_the_operation_budget() {
+        assert!(BACKOFF_INITIAL_DEFAULT < BACKOFF_MAX_DEFAULT);
+        assert!(BACKOFF_MAX_DEFAULT < OPERATION_TIMEOUT_DEFAULT);
+    }
+
+    #[test]
+    fn idle_timeout_leaves_room_for_several_pings() {
+        assert!(SUBSCRIBE_PING_INTERVAL_DEFAULT * 2 < SUBSCRIBE_IDLE_TIMEOUT_DEFAULT);
+    }
+}

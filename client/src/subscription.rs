@@ -1,0 +1,663 @@
+//! [`Subscription`]: a WebSocket subscription that survives node failures.
+//!
+//! One task per subscription owns the socket. It turns frames into [`Event`]s through a
+//! `Tracker` (pure, tested without sockets), sends acks, pings an idle connection, and
+//! when the connection drops reconnects to the next known node with
+//! `cursor=<last delivered sequence>`. The tracker drops every message at or below the last
+//! delivered sequence, so the stream has no duplicate; a jump that no `messages_expired`
+//! announced is reported as [`Error::SequenceGap`], so it has no silent gap either.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, Stream, StreamExt};
+use reqwest::Url;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::client::Client;
+use crate::endpoint::{subscribe_url, Cursor};
+use crate::error::{ApiError, BoxError, Error, ErrorCode};
+use crate::limits;
+use crate::types::{ack_frame, ControlFrame, Message, ServerFrame};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Who subscribes and from where.
+///
+/// ```
+/// use pubsub_client::{Cursor, SubscribeOptions};
+///
+/// let opts = SubscribeOptions::new("billing").cursor(Cursor::Acked);
+/// assert_eq!(opts.cursor, Cursor::Acked);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    /// Names the subscriber; acks are recorded per subscriber id (1–256 characters).
+    pub subscriber_id: String,
+    /// Where the stream starts.
+    pub cursor: Cursor,
+}
+
+impl SubscribeOptions {
+    /// A subscriber starting at [`Cursor::Latest`].
+    pub fn new(subscriber_id: impl Into<String>) -> SubscribeOptions {
+        SubscribeOptions {
+            subscriber_id: subscriber_id.into(),
+            cursor: Cursor::Latest,
+        }
+    }
+
+    /// Sets where the stream starts.
+    pub fn cursor(mut self, cursor: Cursor) -> SubscribeOptions {
+        self.cursor = cursor;
+        self
+    }
+}
+
+/// What a subscription delivers.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The next message, in strictly increasing sequence order.
+    Message(Message),
+    /// Messages after `requested_cursor` and before `first_available_sequence` were
+    /// removed by retention; the stream continues at `first_available_sequence`.
+    Expired {
+        /// The cursor the subscription asked for.
+        requested_cursor: u64,
+        /// The first sequence still retained.
+        first_available_sequence: u64,
+    },
+    /// The topic was deleted; the stream ends after this event.
+    TopicDeleted,
+    /// The node serving the subscription saw a new leader (the client's leader cache is
+    /// updated too). The subscription itself goes on.
+    LeaderChange {
+        /// The new leader's address `host:port`.
+        new_leader: Option<String>,
+        /// The new leader's id `node-N`.
+        new_leader_id: Option<String>,
+    },
+}
+
+/// Acknowledges messages of a [`Subscription`]; cheap to clone and usable from any task.
+///
+/// Acks are coalesced: only the highest sequence matters, it is sent on the current
+/// connection and sent again after every reconnect.
+#[derive(Debug, Clone)]
+pub struct Acker {
+    /// The highest sequence acked so far; the subscription task watches it.
+    latest: Arc<watch::Sender<u64>>,
+}
+
+impl Acker {
+    /// Records that every message up to `sequence` is processed. Lower or equal sequences
+    /// than an earlier ack are ignored.
+    pub fn ack(&self, sequence: u64) {
+        self.latest.send_if_modified(|current| {
+            if sequence > *current {
+                *current = sequence;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The highest sequence acked so far (0 when none).
+    pub fn acked(&self) -> u64 {
+        *self.latest.borrow()
+    }
+}
+
+/// A live subscription: a [`Stream`] of `Result<Event, Error>`.
+///
+/// The stream ends after [`Event::TopicDeleted`], or after an `Err` the subscription cannot
+/// recover from (the topic vanished, the cluster stayed unreachable for the reconnect
+/// budget). [`Error::SequenceGap`] is reported and the stream goes on. Dropping the
+/// subscription closes its connection.
+///
+/// ```no_run
+/// use futures_util::StreamExt;
+/// use pubsub_client::{Client, Cursor, Event, SubscribeOptions};
+///
+/// # async fn run() -> Result<(), pubsub_client::Error> {
+/// let client = Client::new(["127.0.0.1:8081", "127.0.0.1:8082"])?;
+/// let opts = SubscribeOptions::new("billing").cursor(Cursor::Acked);
+/// let mut sub = client.subscribe("orders", opts).await?;
+/// let acker = sub.acker();
+/// while let Some(event) = sub.next().await {
+///     match event? {
+///         Event::Message(m) => {
+///             println!("#{} {}", m.sequence, m.payload);
+///             acker.ack(m.sequence);
+///         }
+///         Event::TopicDeleted => break,
+///         other => eprintln!("{other:?}"),
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Subscription {
+    /// Events produced by the connection task.
+    events: mpsc::Receiver<Result<Event, Error>>,
+    /// Shared with the task and handed out by [`Subscription::acker`].
+    acker: Acker,
+    /// The connection task; aborted when the subscription is dropped.
+    task: tokio::task::JoinHandle<()>,
+    /// The subscribed topic.
+    topic: String,
+    /// The subscriber id.
+    subscriber_id: String,
+    /// The effective cursor the first node confirmed in its `subscribed` frame.
+    subscribed_cursor: Option<u64>,
+}
+
+impl Subscription {
+    /// A handle to ack from anywhere while this subscription is polled.
+    pub fn acker(&self) -> Acker {
+        self.acker.clone()
+    }
+
+    /// Acks every message up to `sequence` (see [`Acker::ack`]).
+    pub fn ack(&self, sequence: u64) {
+        self.acker.ack(sequence);
+    }
+
+    /// The subscribed topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The subscriber id.
+    pub fn subscriber_id(&self) -> &str {
+        &self.subscriber_id
+    }
+
+    /// Ends the subscription gracefully: the latest ack still goes out, then the socket is
+    /// closed. Dropping the subscription instead closes it at once.
+    ///
+    /// ```no_run
+    /// # async fn run(sub: pubsub_client::Subscription) {
+    /// sub.ack(42);
+    /// sub.close().await; // ack 42 reached the node
+    /// # }
+    /// ```
+    pub async fn close(mut self) {
+        self.events.close();
+        let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, &mut self.task).await;
+    }
+
+    /// The effective start cursor the server confirmed (messages after it are delivered);
+    /// `None` when the server sent no `subscribed` frame first.
+    pub fn subscribed_cursor(&self) -> Option<u64> {
+        self.subscribed_cursor
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Result<Event, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().events.poll_recv(cx)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Client {
+    /// Subscribes to a topic on any node. Returns once a node accepted the subscription and
+    /// confirmed its start cursor, so with [`Cursor::Latest`] every message published after
+    /// this returns is delivered.
+    ///
+    /// Refusals come back here as [`Error::Api`]: `topic_not_found`, `invalid_cursor`,
+    /// `invalid_request`.
+    ///
+    /// ```no_run
+    /// use futures_util::StreamExt;
+    /// use pubsub_client::{Client, Cursor, Event, SubscribeOptions};
+    ///
+    /// # async fn run(client: Client) -> Result<(), pubsub_client::Error> {
+    /// let mut sub = client
+    ///     .subscribe("orders", SubscribeOptions::new("audit").cursor(Cursor::After(0)))
+    ///     .await?;
+    /// while let Some(Ok(Event::Message(m))) = sub.next().await {
+    ///     sub.ack(m.sequence);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn subscribe(
+        &self,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription, Error> {
+        let id_chars = options.subscriber_id.chars().count();
+        if id_chars == 0 || id_chars > limits::SUBSCRIBER_ID_CHARS_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a subscriber id has 1 to {} characters",
+                limits::SUBSCRIBER_ID_CHARS_MAX
+            )));
+        }
+        let mut tracker = Tracker::new(topic, options.cursor);
+        let (socket, first) = self
+            .connect_first(topic, &options.subscriber_id, options.cursor)
+            .await?;
+        let mut pending = Vec::new();
+        let mut subscribed_cursor = None;
+        if let Some(frame) = first {
+            if let ServerFrame::Control(ControlFrame::Subscribed { cursor }) = &frame {
+                subscribed_cursor = Some(*cursor);
+            }
+            // The tracker learns the effective cursor now, so a reconnect before the
+            // application polls still resumes from the right place.
+            pending.push(tracker.on_frame(frame));
+        }
+        let (events_tx, events_rx) = mpsc::channel(limits::SUBSCRIPTION_EVENTS_BUFFERED);
+        let (ack_tx, ack_rx) = watch::channel(0u64);
+        let task = Worker {
+            client: self.clone(),
+            topic: topic.to_string(),
+            subscriber_id: options.subscriber_id.clone(),
+            tracker,
+            events: events_tx,
+            acks: ack_rx,
+            acks_open: true,
+            failures: 0,
+        };
+        let task = tokio::spawn(task.run(socket, pending));
+        Ok(Subscription {
+            events: events_rx,
+            acker: Acker {
+                latest: Arc::new(ack_tx),
+            },
+            task,
+            topic: topic.to_string(),
+            subscriber_id: options.subscriber_id,
+            subscribed_cursor,
+        })
+    }
+
+    /// Connects to the first node that accepts, trying the known nodes in turn with backoff,
+    /// and reads the first frame. A refusal by the server ends the attempt at once.
+    async fn connect_first(
+        &self,
+        topic: &str,
+        subscriber_id: &str,
+        cursor: Cursor,
+    ) -> Result<(Socket, Option<ServerFrame>), Error> {
+        let policy = self.config().retry.clone();
+        let started = Instant::now();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let node = self.next_node();
+            let failure = match connect(self, &node, topic, subscriber_id, cursor).await {
+                Ok(mut socket) => match first_frame(&mut socket, self.timeout()).await {
+                    Ok(frame) => return Ok((socket, frame)),
+                    Err(failure) => failure,
+                },
+                Err(Refusal::Api(api)) => return Err(Error::Api(api)),
+                Err(Refusal::Transport { error, timeout }) => Refusal::Transport { error, timeout },
+            };
+            let elapsed = started.elapsed();
+            if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
+                return Err(failure.into_error(attempts, elapsed));
+            }
+            tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng())).await;
+        }
+    }
+
+    /// Time allowed for one WebSocket handshake or first frame.
+    fn timeout(&self) -> Duration {
+        self.config().connect_timeout + self.config().request_timeout
+    }
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug)]
+enum Refusal {
+    /// The server answered the upgrade with an HTTP error.
+    Api(ApiError),
+    /// No connection, a broken one, or a timeout.
+    Transport { error: BoxError, timeout: bool },
+}
+
+impl Refusal {
+    fn into_error(self, attempts: u32, elapsed: Duration) -> Error {
+        match self {
+            Refusal::Api(api) => Error::Api(api),
+            Refusal::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },
+            Refusal::Transport { error, .. } => Error::Unreachable {
+                attempts,
+                source: error,
+            },
+        }
+    }
+}
+
+/// One WebSocket handshake with one node.
+async fn connect(
+    client: &Client,
+    node: &Url,
+    topic: &str,
+    subscriber_id: &str,
+    cursor: Cursor,
+) -> Result<Socket, Refusal> {
+    let url = subscribe_url(node, topic, subscriber_id, cursor);
+    let handshake = tokio_tungstenite::connect_async(url.as_str());
+    match tokio::time::timeout(client.timeout(), handshake).await {
+        Err(elapsed) => Err(Refusal::Transport {
+            error: Box::new(elapsed),
+            timeout: true,
+        }),
+        Ok(Ok((socket, _response))) => Ok(socket),
+        Ok(Err(tungstenite::Error::Http(response))) => {
+            let status = response.status().as_u16();
+            let body = response.body().as_deref().unwrap_or_default();
+            Err(Refusal::Api(ApiError::from_body(status, body)))
+        }
+        Ok(Err(error)) => Err(Refusal::Transport {
+            error: Box::new(error),
+            timeout: false,
+        }),
+    }
+}
+
+/// Reads the first text frame (the contract's `subscribed`); `None` if the node sent
+/// something that does not parse.
+async fn first_frame(
+    socket: &mut Socket,
+    timeout: Duration,
+) -> Result<Option<ServerFrame>, Refusal> {
+    let read = async {
+        loop {
+            match socket.next().await {
+                Some(Ok(WsMessage::Text(text))) => {
+                    return Ok(serde_json::from_str::<ServerFrame>(&text).ok())
+                }
+                Some(Ok(WsMessage::Close(_))) | None => {
+                    return Err(Refusal::Transport {
+                        error: "connection closed before the first frame".into(),
+                        timeout: false,
+                    })
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    return Err(Refusal::Transport {
+                        error: Box::new(e),
+                        timeout: false,
+                    })
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(result) => result,
+        Err(elapsed) => Err(Refusal::Transport {
+            error: Box::new(elapsed),
+            timeout: true,
+        }),
+    }
+}
+
+/// How one connection ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The stream is over (topic deleted, application gone, fatal error).
+    Finished,
+    /// The connection dropped; reconnect.
+    Dropped,
+}
+
+/// The task behind a [`Subscription`].
+struct Worker {
+    /// Shares the node list and leader cache with the application's client.
+    client: Client,
+    /// The subscribed topic.
+    topic: String,
+    /// The subscriber id, sent on every (re)connect.
+    subscriber_id: String,
+    /// Dedup and resume state across connections.
+    tracker: Tracker,
+    /// To the application; closed when the [`Subscription`] is dropped.
+    events: mpsc::Sender<Result<Event, Error>>,
+    /// The highest acked sequence, set by [`Acker`]s.
+    acks: watch::Receiver<u64>,
+    /// False once every [`Acker`] is gone (then `changed()` would return at once forever).
+    acks_open: bool,
+    /// Consecutive failed reconnects; reset by a `subscribed` frame.
+    failures: u32,
+}
+
+impl Worker {
+    async fn run(mut self, socket: Socket, pending: Vec<Step>) {
+        for step in pending {
+            if self.deliver(step).await == Next::Finished {
+                return;
+            }
+        }
+        let mut socket = Some(socket);
+        loop {
+            let current = match socket.take() {
+                Some(s) => s,
+                None => match self.reconnect().await {
+                    Ok(s) => s,
+                    Err(error) => {
+                        let _ = self.events.send(Err(error)).await;
+                        return;
+                    }
+                },
+            };
+            if self.drive(current).await == Ended::Finished {
+                return;
+            }
+            tracing::debug!(topic = %self.topic, "subscription connection dropped; reconnecting");
+        }
+    }
+
+    /// Reconnects to the next nodes in turn until one accepts.
+    ///
+    /// Gives up after `reconnect_attempts_max` consecutive failures; a connection that
+    /// drops before its `subscribed` frame counts as a failure too.
+    async fn reconnect(&mut self) -> Result<Socket, Error> {
+        let config = self.client.config().clone();
+        let started = Instant::now();
+        let mut not_found = 0;
+        let mut last: Option<Refusal> = None;
+        loop {
+            if self.events.is_closed() {
+                return Err(Error::InvalidArgument("subscription dropped".into()));
+            }
+            if self.failures >= config.reconnect_attempts_max {
+                let last = last.unwrap_or_else(|| Refusal::Transport {
+                    error: "connections dropped before the subscription was confirmed".into(),
+                    timeout: false,
+                });
+                return Err(last.into_error(self.failures, started.elapsed()));
+            }
+            self.failures += 1;
+            let wait = config.retry.backoff(self.failures, &mut rand::thread_rng());
+            tokio::time::sleep(wait).await;
+            if self.failures % 2 == 1 {
+                // Learn the cluster's peers, so failover is not limited to the seeds.
+                self.client.refresh_nodes().await;
+            }
+            let node = self.client.next_node();
+            let cursor = self.tracker.resume_cursor();
+            let refusal = match connect(
+                &self.client,
+                &node,
+                &self.topic,
+                &self.subscriber_id,
+                cursor,
+            )
+            .await
+            {
+                Ok(socket) => return Ok(socket),
+                Err(refusal) => refusal,
+            };
+            tracing::debug!(?refusal, %node, "subscription reconnect failed");
+            if let Refusal::Api(api) = &refusal {
+                match api.code {
+                    // A node that has not applied the create (or the messages we already
+                    // saw) yet answers these; another node, or the same one a bit later, will
+                    // not. A topic every node denies is gone.
+                    ErrorCode::TopicNotFound => {
+                        not_found += 1;
+                        if not_found >= self.client.node_count() {
+                            return Err(refusal.into_error(self.failures, started.elapsed()));
+                        }
+                    }
+                    ErrorCode::InvalidCursor => {}
+                    _ if api.status >= 500 => {}
+                    _ => return Err(refusal.into_error(self.failures, started.elapsed())),
+                }
+            }
+            last = Some(refusal);
+        }
+    }
+
+    /// Serves one connection until it drops or the stream ends.
+    async fn drive(&mut self, socket: Socket) -> Ended {
+        let (mut sink, mut stream) = socket.split();
+        let config = self.client.config().clone();
+        // Re-send the latest ack: the previous connection may have died before it got out.
+        let acked = *self.acks.borrow_and_update();
+        if acked > 0 && sink.send(WsMessage::text(ack_frame(acked))).await.is_err() {
+            return Ended::Dropped;
+        }
+        let mut ping = tokio::time::interval(config.subscribe_ping_interval);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.tick().await;
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                () = self.events.closed() => {
+                    if self.acks_open && self.acks.has_changed().unwrap_or(false) {
+                        let sequence = *self.acks.borrow_and_update();
+                        let _ = sink.send(WsMessage::text(ack_frame(sequence))).await;
+                    }
+                    let _ = sink.send(WsMessage::Close(None)).await;
+                    return Ended::Finished;
+                }
+                changed = self.acks.changed(), if self.acks_open => {
+                    if changed.is_err() {
+                        self.acks_open = false;
+                        continue;
+                    }
+                    let sequence = *self.acks.borrow_and_update();
+                    if sink.send(WsMessage::text(ack_frame(sequence))).await.is_err() {
+                        return Ended::Dropped;
+                    }
+                }
+                _ = ping.tick() => {
+                    if last_heard.elapsed() >= config.subscribe_idle_timeout {
+                        tracing::debug!(topic = %self.topic, "subscription idle; reconnecting");
+                        return Ended::Dropped;
+                    }
+                    if sink.send(WsMessage::Ping(Default::default())).await.is_err() {
+                        return Ended::Dropped;
+                    }
+                }
+                frame = stream.next() => {
+                    let next = match frame {
+                        None | Some(Err(_)) | Some(Ok(WsMessage::Close(_))) => Next::Dropped,
+                        Some(Ok(WsMessage::Text(text))) => self.on_text(&text).await,
+                        // Pongs, pings (answered by tungstenite) and binary frames only prove
+                        // the connection is alive.
+                        Some(Ok(_)) => Next::Continue,
+                    };
+                    match next {
+                        Next::Continue => {}
+                        Next::Finished => return Ended::Finished,
+                        Next::Dropped => return Ended::Dropped,
+                    }
+                    // Time spent waiting for the application to take events is not silence
+                    // of the server.
+                    last_heard = Instant::now();
+                }
+            }
+        }
+    }
+
+    /// Handles one text frame.
+    async fn on_text(&mut self, text: &str) -> Next {
+        let frame = match serde_json::from_str::<ServerFrame>(text) {
+            Ok(frame) => frame,
+            Err(e) => {
+                let error = Error::Protocol {
+                    url: format!("subscription to {}", self.topic),
+                    reason: format!("frame does not parse: {e}"),
+                };
+                return match self.events.send(Err(error)).await {
+                    Ok(()) => Next::Continue,
+                    Err(_) => Next::Finished,
+                };
+            }
+        };
+        if matches!(frame, ServerFrame::Control(ControlFrame::Subscribed { .. })) {
+            self.failures = 0;
+        }
+        let step = self.tracker.on_frame(frame);
+        self.deliver(step).await
+    }
+
+    /// Hands a tracker step to the application. `Finished` when the stream is over.
+    async fn deliver(&mut self, step: Step) -> Next {
+        let sent = match step {
+            Step::Skip => Ok(()),
+            Step::Emit(event) => {
+                if let Event::LeaderChange {
+                    new_leader: Some(address),
+                    ..
+                } = &event
+                {
+                    self.client.learn_leader_address(address);
+                }
+                self.events.send(Ok(event)).await
+            }
+            Step::Gap { error, then } => match self.events.send(Err(error)).await {
+                Ok(()) => self.events.send(Ok(then)).await,
+                Err(e) => Err(e),
+            },
+            Step::End(event) => {
+                let _ = self.events.send(Ok(event)).await;
+                return Next::Finished;
+            }
+        };
+        match sent {
+            Ok(()) => Next::Continue,
+            Err(_) => Next::Finished,
+        }
+    }
+}
+
+/// What to do after one frame.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Keep reading this connection.
+    Continue,
+    /// The stream is over.
+    Finished,
+    /// The connection is gone; reconnect.
+    Dropped,
+}
+
+mod tracker;
+
+pub(crate) use tracker::{Step, Tracker};
+
+#[cfg(test)]
+mod tests;

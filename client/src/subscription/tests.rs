@@ -1,0 +1,442 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::ws::{Message as AxMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::Query;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::test_support::{error_response, fast_client, serve};
+
+// ----- the pure rules ---------------------------------------------------------------
+
+fn message(sequence: u64) -> ServerFrame {
+    ServerFrame::Message(Message {
+        id: format!("m{sequence}"),
+        topic: "t".into(),
+        sequence,
+        payload: json!(sequence),
+        timestamp: 0,
+    })
+}
+
+fn subscribed(cursor: u64) -> ServerFrame {
+    ServerFrame::Control(ControlFrame::Subscribed { cursor })
+}
+
+fn delivered(step: &Step) -> Option<u64> {
+    match step {
+        Step::Emit(Event::Message(m)) => Some(m.sequence),
+        _ => None,
+    }
+}
+
+#[test]
+fn messages_at_or_below_the_last_delivered_sequence_are_dropped() {
+    let mut t = Tracker::new("t", Cursor::After(0));
+    assert_eq!(delivered(&t.on_frame(message(1))), Some(1));
+    assert_eq!(delivered(&t.on_frame(message(2))), Some(2));
+    assert!(matches!(t.on_frame(message(2)), Step::Skip));
+    assert!(matches!(t.on_frame(message(1)), Step::Skip));
+    assert_eq!(delivered(&t.on_frame(message(3))), Some(3));
+}
+
+#[test]
+fn resume_cursor_is_the_initial_cursor_until_something_is_known() {
+    let mut latest = Tracker::new("t", Cursor::Latest);
+    assert_eq!(latest.resume_cursor(), Cursor::Latest);
+    latest.on_frame(subscribed(10));
+    assert_eq!(latest.resume_cursor(), Cursor::After(10));
+    latest.on_frame(message(11));
+    assert_eq!(latest.resume_cursor(), Cursor::After(11));
+
+    let acked = Tracker::new("t", Cursor::Acked);
+    assert_eq!(acked.resume_cursor(), Cursor::Acked);
+    let after = Tracker::new("t", Cursor::After(5));
+    assert_eq!(after.resume_cursor(), Cursor::After(5));
+}
+
+#[test]
+fn a_reconnect_subscribed_frame_does_not_move_the_cursor_back() {
+    let mut t = Tracker::new("t", Cursor::After(0));
+    t.on_frame(message(1));
+    t.on_frame(message(2));
+    // A lagging node confirms an older cursor; its replay is deduplicated.
+    t.on_frame(subscribed(1));
+    assert_eq!(t.resume_cursor(), Cursor::After(2));
+    assert!(matches!(t.on_frame(message(2)), Step::Skip));
+    assert_eq!(delivered(&t.on_frame(message(3))), Some(3));
+}
+
+#[test]
+fn an_unannounced_jump_is_reported_then_delivered() {
+    let mut t = Tracker::new("orders", Cursor::After(0));
+    t.on_frame(message(1));
+    match t.on_frame(message(4)) {
+        Step::Gap {
+            error:
+                Error::SequenceGap {
+                    topic,
+                    last_delivered: 1,
+                    received: 4,
+                },
+            then: Event::Message(m),
+        } => {
+            assert_eq!(topic, "orders");
+            assert_eq!(m.sequence, 4);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(delivered(&t.on_frame(message(5))), Some(5));
+}
+
+#[test]
+fn announced_expiry_moves_the_floor_and_is_not_a_gap() {
+    let mut t = Tracker::new("t", Cursor::After(0));
+    let expired = ServerFrame::Control(ControlFrame::MessagesExpired {
+        requested_cursor: 0,
+        first_available_sequence: 5,
+    });
+    assert!(matches!(
+        t.on_frame(expired),
+        Step::Emit(Event::Expired {
+            requested_cursor: 0,
+            first_available_sequence: 5
+        })
+    ));
+    assert_eq!(t.resume_cursor(), Cursor::After(4));
+    assert_eq!(delivered(&t.on_frame(message(5))), Some(5));
+}
+
+#[test]
+fn expiry_of_messages_already_delivered_is_not_reported() {
+    let mut t = Tracker::new("t", Cursor::After(7));
+    let expired = ServerFrame::Control(ControlFrame::MessagesExpired {
+        requested_cursor: 3,
+        first_available_sequence: 6,
+    });
+    assert!(matches!(t.on_frame(expired), Step::Skip));
+    assert_eq!(t.resume_cursor(), Cursor::After(7));
+}
+
+#[test]
+fn topic_deleted_ends_and_unknown_frames_are_skipped() {
+    let mut t = Tracker::new("t", Cursor::Latest);
+    assert!(matches!(
+        t.on_frame(ServerFrame::Control(ControlFrame::Unknown)),
+        Step::Skip
+    ));
+    assert!(matches!(t.on_frame(ServerFrame::Unknown), Step::Skip));
+    assert!(matches!(
+        t.on_frame(ServerFrame::Control(ControlFrame::TopicDeleted)),
+        Step::End(Event::TopicDeleted)
+    ));
+}
+
+#[test]
+fn acks_are_coalesced_to_the_highest_sequence() {
+    let (tx, mut rx) = watch::channel(0u64);
+    let acker = Acker {
+        latest: Arc::new(tx),
+    };
+    acker.ack(5);
+    acker.clone().ack(3);
+    assert_eq!(acker.acked(), 5);
+    assert_eq!(*rx.borrow_and_update(), 5);
+    acker.ack(5);
+    assert!(!rx.has_changed().unwrap_or(true), "equal ack sends nothing");
+}
+
+// ----- against an in-process WebSocket server ----------------------------------------
+
+/// What the mock saw on each connection: the `cursor` query parameter, and the ack frames
+/// the client sent.
+#[derive(Default, Debug)]
+struct Log {
+    cursors: Vec<Option<String>>,
+    acks: Vec<Vec<u64>>,
+}
+
+type Shared = Arc<Mutex<Log>>;
+
+/// A mock node whose n-th subscription connection (0-based) is served by `script(n, socket)`.
+async fn ws_node<F, Fut>(log: Shared, script: F) -> String
+where
+    F: Fn(usize, WebSocket, Shared) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let app = Router::new().route(
+        "/topics/{name}/subscribe",
+        get(
+            move |ws: WebSocketUpgrade, Query(q): Query<HashMap<String, String>>| async move {
+                let n = {
+                    let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                    l.cursors.push(q.get("cursor").cloned());
+                    l.acks.push(Vec::new());
+                    l.cursors.len() - 1
+                };
+                let log = log.clone();
+                let script = script.clone();
+                ws.on_upgrade(move |socket| script(n, socket, log))
+            },
+        ),
+    );
+    serve(app).await
+}
+
+async fn send(socket: &mut WebSocket, frame: Value) {
+    let _ = socket.send(AxMessage::Text(frame.to_string().into())).await;
+}
+
+fn msg(sequence: u64) -> Value {
+    json!({"type": "message", "id": format!("m{sequence}"), "topic": "t",
+           "sequence": sequence, "payload": {"n": sequence}, "timestamp": 1})
+}
+
+fn sub_frame(cursor: u64) -> Value {
+    json!({"type": "control", "subtype": "subscribed", "topic": "t", "cursor": cursor,
+           "subscriber_id": "s"})
+}
+
+fn deleted() -> Value {
+    json!({"type": "control", "subtype": "topic_deleted", "topic": "t"})
+}
+
+/// Reads ack frames until one with `until` arrives, logging each for connection `n`.
+async fn read_acks(socket: &mut WebSocket, log: &Shared, n: usize, until: u64) {
+    while let Some(Ok(frame)) = socket.recv().await {
+        if let AxMessage::Text(text) = frame {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            if let Some(seq) = v["sequence"].as_u64() {
+                log.lock().unwrap_or_else(|p| p.into_inner()).acks[n].push(seq);
+                if seq >= until {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Collects the stream until it ends (bounded by a timeout so a bug cannot hang the test).
+async fn collect(mut sub: Subscription, ack: bool) -> Vec<Result<Event, Error>> {
+    let mut out = Vec::new();
+    let collecting = async {
+        while let Some(item) = sub.next().await {
+            if let (true, Ok(Event::Message(m))) = (ack, &item) {
+                sub.ack(m.sequence);
+            }
+            out.push(item);
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), collecting).await;
+    out
+}
+
+fn sequences(events: &[Result<Event, Error>]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e {
+            Ok(Event::Message(m)) => m.sequence.to_string(),
+            Ok(Event::TopicDeleted) => "deleted".into(),
+            Ok(Event::Expired {
+                first_available_sequence,
+                ..
+            }) => format!("expired->{first_available_sequence}"),
+            Ok(Event::LeaderChange { .. }) => "leader".into(),
+            Err(Error::SequenceGap {
+                last_delivered,
+                received,
+                ..
+            }) => format!("gap {last_delivered}->{received}"),
+            Err(e) => format!("error {e}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn reconnect_resumes_after_the_last_delivered_sequence_without_duplicates() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, log| async move {
+        if n == 0 {
+            send(&mut socket, sub_frame(0)).await;
+            for s in 1..=3 {
+                send(&mut socket, msg(s)).await;
+            }
+            read_acks(&mut socket, &log, n, 3).await;
+            // Then the node dies: the connection drops without a close handshake.
+        } else {
+            // The client re-sends its latest ack first on a new connection.
+            read_acks(&mut socket, &log, n, 3).await;
+            send(&mut socket, sub_frame(3)).await;
+            for s in 2..=4 {
+                send(&mut socket, msg(s)).await;
+            }
+            send(&mut socket, deleted()).await;
+            let _ = socket.send(AxMessage::Close(None)).await;
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = client
+        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
+        .await;
+    let sub = match sub {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(sub.subscribed_cursor(), Some(0));
+    let events = collect(sub, true).await;
+    assert_eq!(sequences(&events), vec!["1", "2", "3", "4", "deleted"]);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(
+        log.cursors,
+        vec![Some("0".to_string()), Some("3".to_string())]
+    );
+    assert_eq!(
+        log.acks[1],
+        vec![3],
+        "latest ack re-sent after the reconnect"
+    );
+}
+
+#[tokio::test]
+async fn latest_subscription_resumes_from_the_cursor_the_server_confirmed() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
+        if n == 0 {
+            send(&mut socket, sub_frame(10)).await;
+            send(&mut socket, msg(11)).await;
+            let _ = socket.send(AxMessage::Close(None)).await;
+        } else {
+            send(&mut socket, sub_frame(11)).await;
+            send(&mut socket, msg(12)).await;
+            send(&mut socket, deleted()).await;
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s")).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events), vec!["11", "12", "deleted"]);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(log.cursors, vec![None, Some("11".to_string())]);
+}
+
+#[tokio::test]
+async fn an_unannounced_sequence_jump_is_reported_as_a_gap_error() {
+    let node = ws_node(Shared::default(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, msg(3)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client
+        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events), vec!["1", "gap 1->3", "3", "deleted"]);
+}
+
+#[tokio::test]
+async fn expiry_and_leader_change_are_events_and_update_the_leader_cache() {
+    let node = ws_node(Shared::default(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(
+            &mut socket,
+            json!({"type": "control", "subtype": "messages_expired", "topic": "t",
+                   "requested_cursor": 0, "first_available_sequence": 5}),
+        )
+        .await;
+        send(&mut socket, msg(5)).await;
+        send(
+            &mut socket,
+            json!({"type": "control", "subtype": "leader_change", "new_leader": "10.1.1.1:8080",
+                   "new_leader_id": "node-3", "reason": "election"}),
+        )
+        .await;
+        send(&mut socket, msg(6)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client
+        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let events = collect(sub, false).await;
+    assert_eq!(
+        sequences(&events),
+        vec!["expired->5", "5", "leader", "6", "deleted"]
+    );
+    assert_eq!(
+        client.cached_leader(),
+        Some("http://10.1.1.1:8080/".to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_refused_subscription_returns_the_servers_error() {
+    let app = Router::new().route(
+        "/topics/{name}/subscribe",
+        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
+    );
+    let node = serve(app).await;
+    let client = fast_client(&[&node]);
+    let sub = client.subscribe("nope", SubscribeOptions::new("s")).await;
+    assert!(
+        matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound),
+        "{:?}",
+        sub.err()
+    );
+}
+
+#[tokio::test]
+async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error() {
+    let node = ws_node(Shared::default(), |n, mut socket, _| async move {
+        if n == 0 {
+            send(&mut socket, sub_frame(0)).await;
+            send(&mut socket, msg(1)).await;
+        }
+        // Later connections are accepted and dropped at once: the node is broken.
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client
+        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
+    assert_eq!(events.len(), 2, "{:?}", sequences(&events));
+    assert!(
+        matches!(events.last(), Some(Err(e)) if e.is_unreachable()),
+        "{:?}",
+        sequences(&events)
+    );
+}
+
+#[tokio::test]
+async fn an_empty_subscriber_id_is_refused_locally() {
+    let client = fast_client(&["127.0.0.1:9"]);
+    let sub = client.subscribe("t", SubscribeOptions::new("")).await;
+    assert!(matches!(sub, Err(Error::InvalidArgument(_))));
+}

@@ -1,0 +1,95 @@
+//! `GET /cluster`, `/health`, `/ready`, `/metrics` (API.md §2).
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use openraft::ServerState;
+use serde_json::{json, Value};
+
+use crate::app::{Leadership, SharedApp};
+use crate::error::ApiError;
+
+pub fn role(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
+    let (leader_id, leader_address) = match app.leadership() {
+        Leadership::Me => (Some(app.id()), Some(app.config.advertise.clone())),
+        Leadership::Other { id, addr } => (Some(id), Some(addr)),
+        Leadership::Unknown => (None, None),
+    };
+    let metrics = app.raft.metrics();
+    let m = metrics.borrow().clone();
+    let membership = m.membership_config.membership();
+    let mut peers: Vec<(u64, String)> = membership
+        .voter_ids()
+        .filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone())))
+        .collect();
+    if peers.is_empty() {
+        // Not initialized yet: the voters this node was started with.
+        peers = app
+            .config
+            .peers
+            .iter()
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect();
+    }
+    peers.sort();
+    Json(json!({
+        "node_id": format!("node-{}", app.id()),
+        "leader_id": leader_id.map(|id| format!("node-{id}")),
+        "leader_address": leader_address,
+        "peers": peers.into_iter().map(|(_, addr)| addr).collect::<Vec<_>>(),
+        "raft_term": m.current_term,
+        "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
+        "role": role(m.state),
+        "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
+    }))
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Ready once this node knows a leader and has applied everything it knows is committed.
+pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError> {
+    let applied = app
+        .raft
+        .metrics()
+        .borrow()
+        .last_applied
+        .map(|l| l.index)
+        .unwrap_or(0);
+    let committed = app.committed_index.load(Ordering::Relaxed);
+    if app.leadership() == Leadership::Unknown {
+        return Err(ApiError::NotReady("no leader is known".into()));
+    }
+    if applied < committed {
+        return Err(ApiError::NotReady(format!(
+            "applied {applied} of {committed} committed entries"
+        )));
+    }
+    Ok(Json(
+        json!({"status": "ready", "last_applied": applied, "commit_index": committed}),
+    ))
+}
+
+pub async fn metrics(State(app): State<SharedApp>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.render(&app),
+    )
+}

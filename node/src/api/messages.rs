@@ -1,0 +1,116 @@
+//! `GET /topics/:name/messages?after=N&limit=L&wait_ms=W` (API.md §5, ext): a page of
+//! messages after a cursor, served by any node, optionally long-polling for the next one.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::input;
+use super::topics::active;
+use crate::app::SharedApp;
+use crate::error::ApiError;
+use crate::limits::{READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_WAIT_MS_MAX};
+use crate::subscribe::frames::message_fields;
+
+fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>> {
+    query
+        .get(key)
+        .map(|v| v.trim().parse::<u64>().map_err(|_| ()))
+}
+
+pub async fn read(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let topic = input::topic_name(path)?;
+    let query = input::query(query)?;
+    let record = active(&app, &topic)?;
+    let after = match number(&query, "after") {
+        None => 0,
+        Some(Ok(n)) if n <= record.current_sequence => n,
+        Some(Ok(n)) => {
+            return Err(ApiError::InvalidCursor(format!(
+                "after={n} is beyond the topic's current_sequence {}",
+                record.current_sequence
+            )))
+        }
+        Some(Err(())) => {
+            return Err(ApiError::InvalidCursor(
+                "after must be a non-negative integer".into(),
+            ))
+        }
+    };
+    let limit = match number(&query, "limit") {
+        None => READ_LIMIT_DEFAULT,
+        Some(Ok(n)) if (1..=READ_LIMIT_MAX as u64).contains(&n) => n as usize,
+        _ => {
+            return Err(ApiError::InvalidRequest(format!(
+                "limit must be 1 to {READ_LIMIT_MAX}"
+            )))
+        }
+    };
+    let wait_ms = match number(&query, "wait_ms") {
+        None => 0,
+        Some(Ok(n)) if n <= READ_WAIT_MS_MAX => n,
+        _ => {
+            return Err(ApiError::InvalidRequest(format!(
+                "wait_ms must be 0 to {READ_WAIT_MS_MAX}"
+            )))
+        }
+    };
+
+    let mut watch = app.reader.watch_topic(&topic);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let record = active(&app, &topic)?;
+        if record.current_sequence > after || wait_ms == 0 {
+            return page(&app, &record, after, limit);
+        }
+        tokio::select! {
+            changed = watch.changed() => if changed.is_err() { return page(&app, &record, after, limit) },
+            _ = tokio::time::sleep_until(deadline) => return page(&app, &record, after, limit),
+            _ = app.shutdown.cancelled() => return page(&app, &record, after, limit),
+        }
+    }
+}
+
+/// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
+fn page(
+    app: &SharedApp,
+    record: &raft_store::TopicRecord,
+    after: u64,
+    limit: usize,
+) -> Result<Response, ApiError> {
+    // Below the retained range the page starts at the first retained message.
+    let start = after.max(record.first_sequence.saturating_sub(1));
+    let messages = app.reader.read_messages(record.id, start, limit)?;
+    let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
+    let mut out = Vec::with_capacity(
+        256 + messages
+            .iter()
+            .map(|(_, m)| m.payload.len() + 96)
+            .sum::<usize>(),
+    );
+    out.extend_from_slice(b"{\"messages\":[");
+    for (i, (sequence, message)) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'{');
+        message_fields(&mut out, &record.name, *sequence, message);
+        out.push(b'}');
+    }
+    out.extend_from_slice(
+        format!(
+            "],\"next_cursor\":{next_cursor},\"current_sequence\":{},\"first_available_sequence\":{}}}",
+            record.current_sequence, record.first_sequence
+        )
+        .as_bytes(),
+    );
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}

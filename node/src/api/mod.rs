@@ -1,0 +1,52 @@
+//! The client API (API.md §2–§5) as axum routes.
+//!
+//! - [`cluster`]: `/cluster`, `/health`, `/ready`, `/metrics`.
+//! - [`topics`]: topic create, list, get, delete, and subscriber listing.
+//! - [`publish`]: single and batch publish.
+//! - [`publish_ws`]: publishing over one WebSocket with many messages in flight (ext).
+//! - [`messages`]: `GET /topics/:name/messages` with long-poll.
+//! - [`subscribe`]: the checks before a WebSocket subscription is upgraded.
+//! - [`input`]: request parsing and validation shared by the handlers.
+
+pub mod cluster;
+pub mod input;
+pub mod messages;
+pub mod publish;
+pub mod publish_ws;
+pub mod subscribe;
+pub mod topics;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::Uri;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::app::SharedApp;
+use crate::error::ApiError;
+
+pub fn router(app: SharedApp) -> Router {
+    Router::new()
+        .route("/cluster", get(cluster::cluster))
+        .route("/health", get(cluster::health))
+        .route("/ready", get(cluster::ready))
+        .route("/metrics", get(cluster::metrics))
+        .route("/topics", get(topics::list))
+        .route(
+            "/topics/{name}",
+            post(topics::create).get(topics::get).delete(topics::delete),
+        )
+        .route(
+            "/topics/{name}/messages",
+            post(publish::publish).get(messages::read),
+        )
+        .route("/topics/{name}/messages/batch", post(publish::batch))
+        .route("/topics/{name}/publish", get(publish_ws::upgrade))
+        .route("/topics/{name}/subscribe", get(subscribe::subscribe))
+        .route("/topics/{name}/subscribers", get(topics::subscribers))
+        .route("/raft", get(crate::raft::server::handle))
+        .fallback(|uri: Uri| async move { ApiError::NotFound(uri.path().to_string()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        // Bodies are read with per-route limits that answer API.md's 413 body (see `input`).
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app)
+}

@@ -1,0 +1,264 @@
+//! Publishing (API.md §4): one message, or a batch as one Raft entry.
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+use super::input;
+use super::topics::active;
+use crate::app::{InflightGuard, SharedApp};
+use crate::error::ApiError;
+use crate::limits::{
+    BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PUBLISH_BODY_BYTES_MAX,
+};
+
+/// A message as a client sends it.
+#[derive(Deserialize)]
+pub struct MessageFields {
+    pub id: Option<String>,
+    /// `Some` whenever the field is present, `null` included: a JSON null is a payload.
+    #[serde(default, deserialize_with = "present")]
+    pub payload: Option<Box<RawValue>>,
+    pub timestamp: Option<u64>,
+}
+
+pub fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct BatchIn {
+    messages: Vec<MessageFields>,
+}
+
+/// When the publish is answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AckMode {
+    /// After commit on a majority and apply on the leader (201).
+    Committed,
+    /// Once the leader has accepted the entry (202); it may still be lost.
+    Appended,
+}
+
+fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
+    match query.get("ack").map(String::as_str) {
+        None | Some("committed") => Ok(AckMode::Committed),
+        Some("appended") => Ok(AckMode::Appended),
+        Some(other) => Err(ApiError::InvalidRequest(format!(
+            "ack must be committed or appended, not {other:?}"
+        ))),
+    }
+}
+
+/// Payload bytes as stored: compact JSON, at most 1 MiB.
+fn payload_bytes(raw: &RawValue) -> Result<Bytes, ApiError> {
+    let compact = Bytes::from(minify(raw.get()));
+    if compact.len() > PAYLOAD_BYTES_MAX {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "payload is {} bytes as compact JSON; the limit is {PAYLOAD_BYTES_MAX}",
+            compact.len()
+        )));
+    }
+    Ok(compact)
+}
+
+/// Drops the whitespace between JSON tokens of already-validated JSON, keeping everything
+/// else (key order, number spelling) exactly as the client wrote it.
+pub fn minify(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !b.is_ascii_whitespace() {
+            in_string = b == b'"';
+            out.push(b);
+        }
+    }
+    out
+}
+
+pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<NewMessage, ApiError> {
+    let payload = m
+        .payload
+        .ok_or_else(|| ApiError::InvalidRequest("payload is required".into()))?;
+    let id = match m.id {
+        Some(id) => {
+            input::id_field("id", &id)?;
+            id
+        }
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    Ok(NewMessage {
+        id,
+        timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()),
+        payload: payload_bytes(&payload)?,
+    })
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    input::json(bytes)?.ok_or_else(|| ApiError::InvalidRequest("a JSON body is required".into()))
+}
+
+pub async fn publish(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    uri: Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let topic = input::topic_name(path)?;
+    let mode = ack_mode(&input::query(query)?)?;
+    let bytes = input::body(body, PUBLISH_BODY_BYTES_MAX).await?;
+    let message = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
+    let where_ = input::path_and_query(&uri);
+    app.require_leader(&where_)?;
+    let record = active(&app, &topic)?;
+    let id = message.id.clone();
+    if let Some(existing) = app.reader.dedup(record.id, &id)? {
+        app.metrics.count_publish("duplicate", 1);
+        return Err(ApiError::DuplicateMessageId {
+            id,
+            existing_sequence: Some(existing),
+        });
+    }
+    let Some(guard) = InflightGuard::try_new(app.clone(), &topic, &id) else {
+        app.metrics.count_publish("duplicate", 1);
+        return Err(ApiError::DuplicateMessageId {
+            id,
+            existing_sequence: None,
+        });
+    };
+    let request = Request::Publish {
+        topic: topic.clone(),
+        messages: vec![message],
+        now_ms: app.now_ms(),
+    };
+
+    if mode == AckMode::Appended {
+        let receiver = app
+            .raft
+            .client_write_ff(request)
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        // Keep the id in flight until the entry resolves, so a quick retry is a duplicate.
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(crate::limits::WRITE_TIMEOUT, receiver).await;
+            drop(guard);
+        });
+        app.metrics.count_publish("appended", 1);
+        let body = json!({"id": id, "topic": topic, "sequence": null, "raft_index": null, "committed": false});
+        return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+    }
+
+    let written = app.write(request, &where_).await;
+    drop(guard);
+    let written = written.inspect_err(|_| app.metrics.count_publish("error", 1))?;
+    match written.data {
+        SmResponse::Published { results } => match results.first() {
+            Some(PublishResult::Stored { sequence }) => {
+                app.metrics.count_publish("stored", 1);
+                let body = json!({"id": id, "topic": topic, "sequence": sequence,
+                                  "raft_index": written.log_id.index, "committed": true});
+                Ok((StatusCode::CREATED, Json(body)).into_response())
+            }
+            Some(PublishResult::Duplicate { existing_sequence }) => {
+                app.metrics.count_publish("duplicate", 1);
+                Err(ApiError::DuplicateMessageId {
+                    id,
+                    existing_sequence: Some(*existing_sequence),
+                })
+            }
+            None => Err(ApiError::internal("publish applied without a result")),
+        },
+        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic)),
+        other => Err(ApiError::internal(format!(
+            "unexpected apply result {other:?}"
+        ))),
+    }
+}
+
+pub async fn batch(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let topic = input::topic_name(path)?;
+    let bytes = input::body(body, BATCH_BODY_BYTES_MAX).await?;
+    let batch: BatchIn = parse(&bytes)?;
+    if batch.messages.is_empty() || batch.messages.len() > BATCH_MESSAGES_MAX {
+        return Err(ApiError::InvalidRequest(format!(
+            "messages must hold 1 to {BATCH_MESSAGES_MAX} messages"
+        )));
+    }
+    let messages = batch
+        .messages
+        .into_iter()
+        .map(|m| new_message_from(&app, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let where_ = input::path_and_query(&uri);
+    app.require_leader(&where_)?;
+    active(&app, &topic)?;
+    let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
+    let request = Request::Publish {
+        topic: topic.clone(),
+        messages,
+        now_ms: app.now_ms(),
+    };
+    let written = app
+        .write(request, &where_)
+        .await
+        .inspect_err(|_| app.metrics.count_publish("error", ids.len() as u64))?;
+    let SmResponse::Published { results } = written.data else {
+        return Err(ApiError::TopicNotFound(topic));
+    };
+    let results: Vec<Value> = ids
+        .iter()
+        .zip(results)
+        .map(|(id, r)| match r {
+            PublishResult::Stored { sequence } => json!({"id": id, "sequence": sequence}),
+            PublishResult::Duplicate { existing_sequence } => {
+                json!({"id": id, "error": "duplicate_message_id", "existing_sequence": existing_sequence})
+            }
+        })
+        .collect();
+    let stored = results
+        .iter()
+        .filter(|r| r.get("sequence").is_some())
+        .count() as u64;
+    app.metrics.count_publish("stored", stored);
+    app.metrics
+        .count_publish("duplicate", results.len() as u64 - stored);
+    let body = json!({"topic": topic, "results": results, "raft_index": written.log_id.index, "committed": true});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minify;
+
+    #[test]
+    fn minify_keeps_strings_and_key_order() {
+        let text = "{ \"b\" : [1, 2],\n \"a\": \"x y \\\" z\" }";
+        assert_eq!(
+            String::from_utf8(minify(text)).unwrap(),
+            "{\"b\":[1,2],\"a\":\"x y \\\" z\"}"
+        );
+    }
+}

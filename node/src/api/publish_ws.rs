@@ -1,0 +1,179 @@
+//! `GET /topics/:name/publish` (ext): publishing over one WebSocket, many messages in flight.
+//!
+//! Client frames: `{"type":"publish","ref":R,"id":ID?,"payload":P,"timestamp":T?}` (`ref` is
+//! any string or number the client uses to pair answers; answers may arrive out of order).
+//! Server frames: `{"type":"ack","ref":R,"id":ID,"sequence":N,"raft_index":I}` once the message
+//! is committed on a majority and applied, or `{"type":"error","ref":R,"error":CODE,"message":M,...}`
+//! with the same codes and fields as the HTTP API. Same guarantees as `POST /messages`
+//! with `ack=committed`; only the leader accepts the upgrade (a follower answers 307 first).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use raft_store::{PublishResult, Request, Response as SmResponse};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+
+use super::input;
+use super::publish::{new_message_from, present, MessageFields};
+use super::topics::active;
+use crate::app::SharedApp;
+use crate::error::ApiError;
+use crate::limits::{PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX};
+
+#[derive(Deserialize)]
+struct PublishFrame {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(rename = "ref", default)]
+    reference: Option<Box<RawValue>>,
+    id: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    payload: Option<Box<RawValue>>,
+    timestamp: Option<u64>,
+}
+
+pub async fn upgrade(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let topic = input::topic_name(path)?;
+    app.require_leader(&input::path_and_query(&uri))?;
+    active(&app, &topic)?;
+    let upgrade =
+        upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
+    Ok(upgrade
+        .max_message_size(PUBLISH_BODY_BYTES_MAX)
+        .on_upgrade(move |socket| serve(app, socket, topic))
+        .into_response())
+}
+
+fn error_frame(reference: &Value, e: &ApiError) -> String {
+    let mut body = e.body();
+    body["type"] = json!("error");
+    body["ref"] = reference.clone();
+    body.to_string()
+}
+
+async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<String>(PUBLISH_WS_INFLIGHT_MAX);
+    let writer = tokio::spawn(async move {
+        while let Some(text) = rx.recv().await {
+            if sink.send(Message::Text(text.into())).await.is_err() {
+                break;
+            }
+        }
+    });
+    // Bounds the publishes in flight on this connection: past it, reading waits.
+    let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
+    loop {
+        let message = tokio::select! {
+            m = stream.next() => m,
+            _ = app.shutdown.cancelled() => break,
+        };
+        let text = match message {
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+            Some(Ok(_)) => continue,
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let (app, tx, topic) = (app.clone(), tx.clone(), topic.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let answer = match serde_json::from_str::<PublishFrame>(&text) {
+                Err(e) => error_frame(
+                    &Value::Null,
+                    &ApiError::InvalidRequest(format!("invalid frame: {e}")),
+                ),
+                Ok(frame) => {
+                    let reference: Value = frame
+                        .reference
+                        .as_deref()
+                        .and_then(|r| serde_json::from_str(r.get()).ok())
+                        .unwrap_or(Value::Null);
+                    if frame.kind != "publish" {
+                        error_frame(
+                            &reference,
+                            &ApiError::InvalidRequest("frames must have type \"publish\"".into()),
+                        )
+                    } else {
+                        let fields = MessageFields {
+                            id: frame.id,
+                            payload: frame.payload,
+                            timestamp: frame.timestamp,
+                        };
+                        match publish_one(&app, &topic, fields).await {
+                            Ok(mut ack) => {
+                                ack["ref"] = reference;
+                                ack.to_string()
+                            }
+                            Err(e) => error_frame(&reference, &e),
+                        }
+                    }
+                }
+            };
+            let _ = tx.send(answer).await;
+        });
+    }
+    drop(tx);
+    // Answers still in flight are delivered before the socket closes.
+    let _ = writer.await;
+}
+
+async fn publish_one(
+    app: &SharedApp,
+    topic: &str,
+    fields: MessageFields,
+) -> Result<Value, ApiError> {
+    let message = new_message_from(app, fields)?;
+    let record = active(app, topic)?;
+    let id = message.id.clone();
+    if let Some(existing) = app.reader.dedup(record.id, &id)? {
+        return Err(ApiError::DuplicateMessageId {
+            id,
+            existing_sequence: Some(existing),
+        });
+    }
+    let request = Request::Publish {
+        topic: topic.to_string(),
+        messages: vec![message],
+        now_ms: app.now_ms(),
+    };
+    let written = app
+        .write(request, &format!("/topics/{topic}/publish"))
+        .await?;
+    match written.data {
+        SmResponse::Published { results } => match results.first() {
+            Some(PublishResult::Stored { sequence }) => {
+                app.metrics.count_publish("stored", 1);
+                Ok(
+                    json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_id.index}),
+                )
+            }
+            Some(PublishResult::Duplicate { existing_sequence }) => {
+                Err(ApiError::DuplicateMessageId {
+                    id,
+                    existing_sequence: Some(*existing_sequence),
+                })
+            }
+            None => Err(ApiError::internal("publish applied without a result")),
+        },
+        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
+        other => Err(ApiError::internal(format!(
+            "unexpected apply result {other:?}"
+        ))),
+    }
+}

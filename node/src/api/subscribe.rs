@@ -1,0 +1,73 @@
+//! `GET /topics/:name/subscribe`: every check happens before the WebSocket upgrade, so a
+//! refusal is an ordinary HTTP error body (API.md §5).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+
+use super::input;
+use super::topics::active;
+use crate::app::SharedApp;
+use crate::error::ApiError;
+use crate::limits::{SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIPTIONS_MAX};
+use crate::subscribe::session::{self, Session};
+
+pub async fn subscribe(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let topic = input::topic_name(path)?;
+    let query = input::query(query)?;
+    let record = active(&app, &topic)?;
+    let subscriber_id = query
+        .get("subscriber_id")
+        .cloned()
+        .ok_or_else(|| ApiError::InvalidRequest("subscriber_id is required".into()))?;
+    input::id_field("subscriber_id", &subscriber_id)?;
+    let cursor = match query.get("cursor").map(|c| c.trim()) {
+        None | Some("") | Some("latest") => record.current_sequence,
+        Some("acked") => app.reader.cursor(record.id, &subscriber_id)?.unwrap_or(0),
+        Some(text) => match text.parse::<u64>() {
+            Ok(n) if n <= record.current_sequence => n,
+            Ok(n) => {
+                return Err(ApiError::InvalidCursor(format!(
+                    "cursor {n} is beyond the topic's current_sequence {}",
+                    record.current_sequence
+                )))
+            }
+            Err(_) => {
+                return Err(ApiError::InvalidCursor(format!(
+                    "cursor {text:?} is not a number"
+                )))
+            }
+        },
+    };
+    if app.subscriptions.load(Ordering::Relaxed) >= SUBSCRIPTIONS_MAX {
+        return Err(ApiError::Unavailable(format!(
+            "this node already serves {SUBSCRIPTIONS_MAX} subscriptions"
+        )));
+    }
+    let upgrade = upgrade.map_err(|_| {
+        ApiError::InvalidRequest(
+            "this endpoint is a WebSocket: send a WebSocket upgrade request".into(),
+        )
+    })?;
+    let session = Session {
+        topic,
+        topic_id: record.id,
+        subscriber_id,
+        cursor,
+    };
+    Ok(upgrade
+        .max_message_size(SUBSCRIBER_FRAME_BYTES_MAX)
+        .max_frame_size(SUBSCRIBER_FRAME_BYTES_MAX)
+        .on_upgrade(move |socket| session::run(app, socket, session))
+        .into_response())
+}

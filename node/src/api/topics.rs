@@ -1,0 +1,185 @@
+//! Topic management (API.md §3) and subscriber listing (§5).
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raft_store::{Request, Response as SmResponse, Retention, TopicRecord};
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::input;
+use crate::app::SharedApp;
+use crate::error::ApiError;
+use crate::limits::{SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPIC_BODY_BYTES_MAX};
+
+/// The stored metadata as JSON (an empty object when none was given).
+fn metadata(record: &TopicRecord) -> Box<RawValue> {
+    record
+        .metadata
+        .as_deref()
+        .and_then(|m| RawValue::from_string(m.to_string()).ok())
+        .unwrap_or_else(|| RawValue::from_string("{}".into()).unwrap_or_default())
+}
+
+pub fn active(app: &SharedApp, name: &str) -> Result<TopicRecord, ApiError> {
+    app.reader
+        .topic(name)
+        .filter(|r| !r.deleted)
+        .ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
+}
+
+/// Reads `retention_*` from metadata: each, when present, a whole number ≥ 1.
+fn retention(metadata: &Map<String, Value>) -> Result<Retention, ApiError> {
+    let field = |key: &str| -> Result<Option<u64>, ApiError> {
+        match metadata.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= 1 => Ok(Some(n)),
+                _ => Err(ApiError::InvalidRequest(format!(
+                    "metadata.{key} must be a whole number of at least 1"
+                ))),
+            },
+        }
+    };
+    Ok(Retention {
+        hours: field("retention_hours")?,
+        messages: field("retention_messages")?,
+        bytes: field("retention_bytes")?,
+    })
+}
+
+pub async fn create(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = input::topic_name(path)?;
+    let bytes = input::body(body, TOPIC_BODY_BYTES_MAX).await?;
+    let parsed: Option<Map<String, Value>> = input::json(&bytes)?;
+    let (metadata, retention) = match parsed.as_ref().and_then(|b| b.get("metadata")) {
+        None | Some(Value::Null) => (None, Retention::default()),
+        Some(Value::Object(m)) => (Some(Value::Object(m.clone()).to_string()), retention(m)?),
+        Some(_) => {
+            return Err(ApiError::InvalidRequest(
+                "metadata must be a JSON object".into(),
+            ))
+        }
+    };
+    app.require_leader(&input::path_and_query(&uri))?;
+    if active(&app, &name).is_ok() {
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"topic": name, "created": false, "raft_index": 0})),
+        )
+            .into_response());
+    }
+    if app.reader.topic(&name).is_none() && app.reader.topic_count() >= TOPICS_MAX {
+        return Err(ApiError::InvalidRequest(format!(
+            "the cluster already holds {TOPICS_MAX} topics"
+        )));
+    }
+    let request = Request::CreateTopic {
+        topic: name.clone(),
+        metadata,
+        retention,
+        now_ms: app.now_ms(),
+    };
+    let written = app.write(request, &input::path_and_query(&uri)).await?;
+    let created = matches!(written.data, SmResponse::TopicCreated { created: true });
+    let (status, raft_index) = if created {
+        (StatusCode::CREATED, written.log_id.index)
+    } else {
+        (StatusCode::OK, 0)
+    };
+    Ok((
+        status,
+        Json(json!({"topic": name, "created": created, "raft_index": raft_index})),
+    )
+        .into_response())
+}
+
+pub async fn list(State(app): State<SharedApp>) -> Json<Value> {
+    let topics: Vec<Value> = app
+        .reader
+        .active_topics()
+        .iter()
+        .map(|r| {
+            json!({"name": r.name, "message_count": r.message_count(), "current_sequence": r.current_sequence,
+                   "created_at": r.created_at})
+        })
+        .collect();
+    Json(json!({ "topics": topics }))
+}
+
+pub async fn get(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let name = input::topic_name(path)?;
+    let r = active(&app, &name)?;
+    Ok(Json(json!({
+        "topic": r.name,
+        "message_count": r.message_count(),
+        "current_sequence": r.current_sequence,
+        "first_available_sequence": r.first_sequence,
+        "created_at": r.created_at,
+        "metadata": metadata(&r),
+    })))
+}
+
+pub async fn delete(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let name = input::topic_name(path)?;
+    app.require_leader(&input::path_and_query(&uri))?;
+    active(&app, &name)?;
+    let written = app
+        .write(
+            Request::DeleteTopic {
+                topic: name.clone(),
+            },
+            &input::path_and_query(&uri),
+        )
+        .await?;
+    match written.data {
+        SmResponse::TopicDeleted => Ok(Json(
+            json!({"topic": name, "deleted": true, "raft_index": written.log_id.index}),
+        )),
+        _ => Err(ApiError::TopicNotFound(name)),
+    }
+}
+
+/// Recorded cursors (replicated, the same on every node) plus the subscribers connected to
+/// this node that have not acked yet.
+pub async fn subscribers(
+    State(app): State<SharedApp>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let name = input::topic_name(path)?;
+    let r = active(&app, &name)?;
+    let mut acked: BTreeMap<String, u64> = app
+        .reader
+        .cursors(r.id, SUBSCRIBERS_LIST_MAX)?
+        .into_iter()
+        .collect();
+    let connected: HashMap<String, u64> = app.connected_subscribers(&name);
+    for (id, _) in connected {
+        if acked.len() >= SUBSCRIBERS_LIST_MAX {
+            break;
+        }
+        acked.entry(id).or_insert(0);
+    }
+    let list: Vec<Value> = acked
+        .into_iter()
+        .map(|(id, seq)| json!({"subscriber_id": id, "acked_sequence": seq, "lag": r.current_sequence.saturating_sub(seq)}))
+        .collect();
+    Ok(Json(json!({"topic": name, "subscribers": list})))
+}

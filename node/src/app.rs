@@ -1,0 +1,217 @@
+//! The state every handler shares, and the two questions most of them ask: who leads, and
+//! did my write commit.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ServerState;
+use raft_store::typ::{ClientWriteResponse, Raft};
+use raft_store::{NodeId, Request, StoreReader};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::limits::WRITE_TIMEOUT;
+use crate::metrics::Metrics;
+use crate::net::Env;
+use crate::raft::network::PeerPool;
+use crate::subscribe::acks::AckCoalescer;
+
+pub type SharedApp = Arc<App>;
+
+pub struct App {
+    pub config: Config,
+    pub raft: Raft,
+    /// Applied state: what every read and subscription serves from.
+    pub reader: StoreReader,
+    /// Highest commit index this node knows (from the log store).
+    pub committed_index: Arc<AtomicU64>,
+    pub env: Env,
+    pub peers: Arc<PeerPool>,
+    pub metrics: Metrics,
+    pub acks: AckCoalescer,
+    /// (topic, id) of single publishes proposed on this node and not yet answered: a second
+    /// publish of the same id meanwhile is a duplicate even though it has no sequence yet.
+    pub inflight: Mutex<HashSet<(String, String)>>,
+    /// Cancelled on shutdown: subscriptions close with 1001, background tasks stop.
+    pub shutdown: CancellationToken,
+    /// Open subscriptions on this node.
+    pub subscriptions: AtomicUsize,
+    /// Subscribers connected to this node: (topic, subscriber id) → connections.
+    pub connected: Mutex<std::collections::HashMap<(String, String), usize>>,
+}
+
+/// Who leads, as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leadership {
+    Me,
+    Other { id: NodeId, addr: String },
+    Unknown,
+}
+
+impl App {
+    pub fn id(&self) -> NodeId {
+        self.config.id
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.env.clock.now_ms()
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        match m.current_leader {
+            Some(id) if id == self.id() && m.state == ServerState::Leader => Leadership::Me,
+            Some(id) if id != self.id() => match m.membership_config.membership().get_node(&id) {
+                Some(node) => Leadership::Other {
+                    id,
+                    addr: node.addr.clone(),
+                },
+                None => Leadership::Unknown,
+            },
+            _ => Leadership::Unknown,
+        }
+    }
+
+    /// Ok when this node leads; otherwise the redirect (or 503) a write must answer.
+    pub fn require_leader(&self, path_and_query: &str) -> Result<(), ApiError> {
+        match self.leadership() {
+            Leadership::Me => Ok(()),
+            Leadership::Other { id, addr } => Err(ApiError::NotLeader {
+                leader_id: id,
+                leader_address: addr,
+                path_and_query: path_and_query.into(),
+            }),
+            Leadership::Unknown => Err(ApiError::NoLeader),
+        }
+    }
+
+    /// Proposes `request` and waits until it is committed on a majority and applied here.
+    pub async fn write(
+        &self,
+        request: Request,
+        path_and_query: &str,
+    ) -> Result<ClientWriteResponse, ApiError> {
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await;
+        self.metrics.observe_commit(started.elapsed());
+        match result {
+            Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                match (f.leader_id, f.leader_node) {
+                    (Some(id), Some(node)) if id != self.id() => Err(ApiError::NotLeader {
+                        leader_id: id,
+                        leader_address: node.addr,
+                        path_and_query: path_and_query.into(),
+                    }),
+                    // Leadership was lost while the entry was in flight: it may or may not
+                    // commit under the next leader. The client retries with the same id.
+                    (None, _) => Err(ApiError::NoLeader),
+                    _ => Err(ApiError::NotCommitted(
+                        "leadership changed before the entry committed".into(),
+                    )),
+                }
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(ApiError::NotCommitted(e.to_string())),
+            Ok(Err(RaftError::Fatal(e))) => {
+                Err(ApiError::Unavailable(format!("raft stopped: {e}")))
+            }
+        }
+    }
+
+    pub fn subscription_count(&self) -> usize {
+        self.subscriptions.load(Ordering::Relaxed)
+    }
+}
+
+/// Removes an in-flight (topic, id) when the publish that inserted it is answered.
+pub struct InflightGuard {
+    app: SharedApp,
+    key: (String, String),
+}
+
+impl InflightGuard {
+    /// Registers (topic, id) as in flight; `None` when it already is.
+    pub fn try_new(app: SharedApp, topic: &str, id: &str) -> Option<Self> {
+        let key = (topic.to_string(), id.to_string());
+        let inserted = app
+            .inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        inserted.then_some(Self { app, key })
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.app
+            .inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// Why a write proposed from any node did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("no leader known")]
+    NoLeader,
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl App {
+    /// Commits `request` through whichever node leads: locally on the leader, over the peer
+    /// connection from a follower. For the node's own writes (acks, retention ticks), not for
+    /// client writes, which are redirected so the client knows the leader.
+    pub async fn propose_anywhere(
+        &self,
+        request: Request,
+    ) -> Result<raft_store::Response, ProposeError> {
+        match self.leadership() {
+            Leadership::Me => {
+                match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await {
+                    Ok(Ok(r)) => Ok(r.data),
+                    Ok(Err(e)) => Err(ProposeError::Failed(e.to_string())),
+                    Err(_) => Err(ProposeError::Failed("timed out".into())),
+                }
+            }
+            Leadership::Other { id, addr } => {
+                let conn = self.peers.conn(id, &addr);
+                match conn
+                    .call(
+                        crate::raft::codec::RpcRequest::Forward { req: request },
+                        WRITE_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(crate::raft::codec::RpcResponse::Forward(Ok(reply))) => Ok(reply.response),
+                    Ok(crate::raft::codec::RpcResponse::Forward(Err(e))) => {
+                        Err(ProposeError::Failed(e.to_string()))
+                    }
+                    Ok(_) => Err(ProposeError::Failed("unexpected response".into())),
+                    Err(e) => Err(ProposeError::Failed(e.to_string())),
+                }
+            }
+            Leadership::Unknown => Err(ProposeError::NoLeader),
+        }
+    }
+}
+
+impl App {
+    /// Subscriber ids connected to this node on `topic`.
+    pub fn connected_subscribers(&self, topic: &str) -> std::collections::HashMap<String, u64> {
+        let connected = self.connected.lock().unwrap_or_else(|e| e.into_inner());
+        connected
+            .keys()
+            .filter(|(t, _)| t == topic)
+            .map(|(_, s)| (s.clone(), 0))
+            .collect()
+    }
+}

@@ -1,0 +1,215 @@
+//! Command-line flags (each with an environment twin) and their validation (API.md §0).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::limits::{ELECTION_TIMEOUT_MS_DEFAULT, HEARTBEAT_MS_DEFAULT, SNAPSHOT_LOGS_DEFAULT};
+
+/// `pubsub-node`: one node of a Raft-replicated pub/sub cluster. With no flags it is a
+/// working single-node cluster on port 8080.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "pubsub-node", version, about)]
+pub struct Flags {
+    /// Numeric Raft node id (u64 ≥ 1); shown as "node-N".
+    #[arg(long, env = "PUBSUB_ID", default_value_t = 1)]
+    pub id: u64,
+
+    /// Address to listen on: client API, subscriptions and Raft RPC share it.
+    #[arg(long, env = "PUBSUB_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// HOST:PORT peers and clients use for this node [default: this node's entry in
+    /// --peers, else 127.0.0.1:<listen port>].
+    #[arg(long, env = "PUBSUB_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// Where RocksDB and snapshots live [default: ./data/node-<id>].
+    #[arg(long, env = "PUBSUB_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Initial voters, this node included: ID=HOST:PORT,... [default: this node alone].
+    #[arg(long, env = "PUBSUB_PEERS")]
+    pub peers: Option<String>,
+
+    /// Shared secret every inter-node RPC must present.
+    #[arg(long, env = "PUBSUB_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, env = "PUBSUB_HEARTBEAT_MS", default_value_t = HEARTBEAT_MS_DEFAULT)]
+    pub heartbeat_ms: u64,
+
+    /// Minimum election timeout in milliseconds (the maximum is twice this).
+    #[arg(long, env = "PUBSUB_ELECTION_TIMEOUT_MS", default_value_t = ELECTION_TIMEOUT_MS_DEFAULT)]
+    pub election_timeout_ms: u64,
+
+    /// Build a snapshot (letting the log be purged) every this many log entries.
+    #[arg(long, env = "PUBSUB_SNAPSHOT_LOGS", default_value_t = SNAPSHOT_LOGS_DEFAULT)]
+    pub snapshot_logs: u64,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub id: u64,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    /// Initial voters by id (this node included).
+    pub peers: BTreeMap<u64, String>,
+    pub cluster_secret: Option<String>,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    pub snapshot_logs: u64,
+    /// How log appends are fsynced (a syncer thread in production; inline in the simulation).
+    pub log_sync: raft_store::LogSync,
+}
+
+/// A configuration error, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--id must be at least 1")]
+    ZeroId,
+    #[error("--peers: {0}")]
+    Peers(String),
+    #[error("--id {id} is not in --peers ({peers})")]
+    IdNotInPeers { id: u64, peers: String },
+    #[error("--advertise {0:?} is not HOST:PORT")]
+    Advertise(String),
+    #[error("--heartbeat-ms must be at least 1 and --election-timeout-ms at least 3 times it")]
+    Timings,
+    #[error("--snapshot-logs must be at least 1")]
+    SnapshotLogs,
+}
+
+impl Config {
+    pub fn from_flags(flags: Flags) -> Result<Self, ConfigError> {
+        if flags.id == 0 {
+            return Err(ConfigError::ZeroId);
+        }
+        if flags.heartbeat_ms == 0 || flags.election_timeout_ms < 3 * flags.heartbeat_ms {
+            return Err(ConfigError::Timings);
+        }
+        if flags.snapshot_logs == 0 {
+            return Err(ConfigError::SnapshotLogs);
+        }
+        let peers = match &flags.peers {
+            Some(text) if !text.trim().is_empty() => parse_peers(text)?,
+            _ => BTreeMap::new(),
+        };
+        let advertise = match (&flags.advertise, peers.get(&flags.id)) {
+            (Some(a), _) => a.clone(),
+            (None, Some(p)) => p.clone(),
+            (None, None) => format!("127.0.0.1:{}", flags.listen.port()),
+        };
+        if !is_host_port(&advertise) {
+            return Err(ConfigError::Advertise(advertise));
+        }
+        let peers = if peers.is_empty() {
+            BTreeMap::from([(flags.id, advertise.clone())])
+        } else if !peers.contains_key(&flags.id) {
+            return Err(ConfigError::IdNotInPeers {
+                id: flags.id,
+                peers: flags.peers.unwrap_or_default(),
+            });
+        } else {
+            peers
+        };
+        Ok(Self {
+            id: flags.id,
+            listen: flags.listen,
+            data_dir: flags
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
+            advertise,
+            peers,
+            cluster_secret: flags.cluster_secret.filter(|s| !s.is_empty()),
+            heartbeat_ms: flags.heartbeat_ms,
+            election_timeout_ms: flags.election_timeout_ms,
+            snapshot_logs: flags.snapshot_logs,
+            log_sync: raft_store::LogSync::Background,
+        })
+    }
+
+    /// The node that initializes a fresh cluster: the smallest id in `--peers`.
+    pub fn is_bootstrapper(&self) -> bool {
+        self.peers.keys().next() == Some(&self.id)
+    }
+}
+
+fn is_host_port(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    }
+}
+
+/// Parses `ID=HOST:PORT,...`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut peers = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| ConfigError::Peers(format!("{part:?} is not ID=HOST:PORT")))?;
+        let id: u64 = id
+            .trim()
+            .trim_start_matches("node-")
+            .parse()
+            .map_err(|_| ConfigError::Peers(format!("{id:?} is not a node id")))?;
+        if id == 0 {
+            return Err(ConfigError::Peers("node ids start at 1".into()));
+        }
+        let addr = addr.trim();
+        if !is_host_port(addr) {
+            return Err(ConfigError::Peers(format!("{addr:?} is not HOST:PORT")));
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            return Err(ConfigError::Peers(format!("node {id} is listed twice")));
+        }
+    }
+    if peers.is_empty() {
+        return Err(ConfigError::Peers("no peers listed".into()));
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut all = vec!["pubsub-node"];
+        all.extend_from_slice(args);
+        Flags::try_parse_from(all).expect("flags parse")
+    }
+
+    #[test]
+    fn no_flags_is_a_single_node_cluster_on_8080() {
+        let c = Config::from_flags(flags(&[])).unwrap();
+        assert_eq!(c.id, 1);
+        assert_eq!(c.advertise, "127.0.0.1:8080");
+        assert_eq!(c.peers, BTreeMap::from([(1, "127.0.0.1:8080".to_string())]));
+        assert_eq!(c.data_dir, PathBuf::from("./data/node-1"));
+        assert!(c.is_bootstrapper());
+    }
+
+    #[test]
+    fn advertise_defaults_to_this_nodes_peer_entry() {
+        let c = Config::from_flags(flags(&["--id", "2", "--peers", "1=a:1,2=b:2,3=c:3"])).unwrap();
+        assert_eq!(c.advertise, "b:2");
+        assert!(!c.is_bootstrapper());
+    }
+
+    #[test]
+    fn bad_peers_are_one_line_errors() {
+        for bad in ["1=a", "x=a:1", "1=a:1,1=b:2", "0=a:1", "1=a:notaport"] {
+            let err = Config::from_flags(flags(&["--peers", bad])).unwrap_err();
+            assert!(matches!(err, ConfigError::Peers(_)), "{bad}: {err}");
+        }
+        let err = Config::from_flags(flags(&["--id", "4", "--peers", "1=a:1,2=b:2"])).unwrap_err();
+        assert!(matches!(err, ConfigError::IdNotInPeers { .. }));
+    }
+}

@@ -1,0 +1,171 @@
+//! Every error the client API can answer, mapped to its HTTP status and the API.md error
+//! body in exactly one place ([`IntoResponse`] for [`ApiError`]).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// An error answered to a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A write reached a follower.
+    #[error("this node is not the leader; send writes to node-{leader_id} at {leader_address}")]
+    NotLeader {
+        leader_id: u64,
+        leader_address: String,
+        path_and_query: String,
+    },
+    #[error("no leader is known right now; retry shortly")]
+    NoLeader,
+    #[error("topic {0:?} does not exist")]
+    TopicNotFound(String),
+    #[error("message id {id:?} was already published to this topic")]
+    DuplicateMessageId {
+        id: String,
+        existing_sequence: Option<u64>,
+    },
+    #[error("{0}")]
+    InvalidCursor(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("topic name {0:?} must match [A-Za-z0-9._-]{{1,255}}")]
+    InvalidTopicName(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("missing or wrong cluster secret")]
+    Unauthorized,
+    #[error("the write was not committed within {0} ms; it may still commit")]
+    RaftTimeout(u128),
+    #[error("the write was appended but not committed: {0}")]
+    NotCommitted(String),
+    #[error("no route for {0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    NotReady(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::NotLeader { .. } => (StatusCode::TEMPORARY_REDIRECT, "not_leader"),
+            Self::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+            Self::TopicNotFound(_) => (StatusCode::NOT_FOUND, "topic_not_found"),
+            Self::DuplicateMessageId { .. } => (StatusCode::CONFLICT, "duplicate_message_id"),
+            Self::InvalidCursor(_) => (StatusCode::BAD_REQUEST, "invalid_cursor"),
+            Self::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            Self::InvalidTopicName(_) => (StatusCode::BAD_REQUEST, "invalid_topic_name"),
+            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::RaftTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
+            Self::NotCommitted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not_committed"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+
+    /// The API.md error body.
+    pub fn body(&self) -> Value {
+        let (_, code) = self.status_and_code();
+        let mut body = json!({"error": code, "message": self.to_string(), "details": {}});
+        match self {
+            Self::NotLeader {
+                leader_id,
+                leader_address,
+                ..
+            } => {
+                let leader_id = format!("node-{leader_id}");
+                body["leader_id"] = json!(leader_id);
+                body["leader_address"] = json!(leader_address);
+                body["details"] = json!({"leader_id": leader_id, "leader_address": leader_address});
+            }
+            Self::DuplicateMessageId {
+                id,
+                existing_sequence,
+            } => {
+                body["id"] = json!(id);
+                body["existing_sequence"] = json!(existing_sequence);
+                body["details"] = json!({"id": id, "existing_sequence": existing_sequence});
+            }
+            Self::TopicNotFound(topic) => body["details"] = json!({"topic": topic}),
+            _ => {}
+        }
+        body
+    }
+
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<raft_store::StoreError> for ApiError {
+    fn from(e: raft_store::StoreError) -> Self {
+        tracing::error!(error = %e, "storage error while serving a request");
+        Self::internal(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, _) = self.status_and_code();
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if let Self::NotLeader {
+            leader_address,
+            path_and_query,
+            ..
+        } = &self
+        {
+            let location = format!("http://{leader_address}{path_and_query}");
+            if let Ok(value) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+        }
+        if matches!(self, Self::NoLeader | Self::Unavailable(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_body_has_id_and_sequence_at_top_level_and_in_details() {
+        let body = ApiError::DuplicateMessageId {
+            id: "m".into(),
+            existing_sequence: Some(4),
+        }
+        .body();
+        assert_eq!(body["error"], "duplicate_message_id");
+        assert_eq!(body["existing_sequence"], 4);
+        assert_eq!(body["details"]["existing_sequence"], 4);
+        assert_eq!(body["id"], "m");
+    }
+
+    #[test]
+    fn not_leader_sets_location_with_original_path() {
+        let e = ApiError::NotLeader {
+            leader_id: 2,
+            leader_address: "127.0.0.1:8082".into(),
+            path_and_query: "/topics/a/messages?ack=appended".into(),
+        };
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(
+            response.headers()[header::LOCATION],
+            "http://127.0.0.1:8082/topics/a/messages?ack=appended"
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! `pubsub-node`: one node of the Raft-replicated pub/sub cluster.
+//!
+//! # Layout
+//! - [`config`]: flags with environment twins, validated into a [`Config`].
+//! - [`net`]: the seams to the outside world (dialer, clock), swapped by the simulation.
+//! - [`app`]: state shared by all handlers; leadership and write helpers.
+//! - [`api`]: the HTTP client API (axum routes), one module per resource.
+//! - [`subscribe`]: WebSocket subscriptions and coalesced acks.
+//! - [`raft`]: Raft RPC over one multiplexed WebSocket per peer (client and server side).
+//! - [`error`]: [`ApiError`](error::ApiError), the single mapping to HTTP statuses and bodies.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`limits`]: every limit and timing as a named constant.
+//!
+//! [`run`] is the whole node: it takes the listener, the environment and the shutdown signal,
+//! so tests bind port 0 and the simulation passes turmoil's sockets.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod limits;
+pub mod metrics;
+pub mod net;
+pub mod raft;
+pub mod subscribe;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use openraft::error::{InitializeError, RaftError};
+use raft_store::typ::Raft;
+use raft_store::{Node, Request};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+pub use crate::config::{Config, ConfigError, Flags};
+pub use crate::net::Env;
+use crate::raft::network::{Network, PeerPool};
+
+/// Why the node could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: String,
+        source: raft_store::StoreError,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("serve: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// Runs the node until `shutdown` resolves, then stops accepting, closes subscriptions
+/// (code 1001), stops Raft and flushes storage.
+pub async fn run<L>(
+    config: Config,
+    listener: L,
+    env: Env,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let store = raft_store::open_with(&config.data_dir, config.log_sync).map_err(|source| {
+        NodeError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        }
+    })?;
+    let committed_index = store.log_store.committed_index();
+    let raft_config = raft::config::raft_config(
+        config.heartbeat_ms,
+        config.election_timeout_ms,
+        config.snapshot_logs,
+    )
+    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let peers = PeerPool::new(env.clone(), config.cluster_secret.clone());
+    let raft = Raft::new(
+        config.id,
+        Arc::new(raft_config),
+        Network::new(peers.clone()),
+        store.log_store,
+        store.state_machine,
+    )
+    .await
+    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    bootstrap(&config, &raft).await?;
+
+    let app = Arc::new(App {
+        config: config.clone(),
+        raft: raft.clone(),
+        reader: store.reader,
+        committed_index,
+        env,
+        peers,
+        metrics: Default::default(),
+        acks: Default::default(),
+        inflight: Mutex::new(HashSet::new()),
+        shutdown: CancellationToken::new(),
+        subscriptions: AtomicUsize::new(0),
+        connected: Mutex::new(HashMap::new()),
+    });
+    tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
+    tokio::spawn(retention_ticks(Arc::downgrade(&app)));
+    tokio::spawn(count_leader_changes(app.clone()));
+
+    tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
+                   data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
+    let token = app.shutdown.clone();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: closing subscriptions");
+        token.cancel();
+    };
+    axum::serve(listener, api::router(app.clone()))
+        .with_graceful_shutdown(signal)
+        .await?;
+
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft did not stop cleanly");
+    }
+    tracing::info!(
+        subscriptions = app.subscriptions.load(Ordering::Relaxed),
+        "stopped"
+    );
+    Ok(())
+}
+
+/// First start of a fresh cluster: the node with the smallest id initializes it with every
+/// voter of `--peers`. A node that already has a log or a vote is never re-initialized.
+async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
+    if !config.is_bootstrapper() {
+        return Ok(());
+    }
+    let members: BTreeMap<u64, Node> = config
+        .peers
+        .iter()
+        .map(|(id, addr)| (*id, Node { addr: addr.clone() }))
+        .collect();
+    match raft.initialize(members).await {
+        Ok(()) => {
+            tracing::info!(voters = ?config.peers, "initialized a new cluster");
+            Ok(())
+        }
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(NodeError::Raft(e.to_string())),
+    }
+}
+
+/// The leader proposes a `Tick` now and then so `retention_hours` trims quiet topics too.
+async fn retention_ticks(app: std::sync::Weak<App>) {
+    let mut interval = tokio::time::interval(limits::RETENTION_TICK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(app) = app.upgrade() else { return };
+        if app.shutdown.is_cancelled() {
+            return;
+        }
+        let wants_tick = app
+            .reader
+            .active_topics()
+            .iter()
+            .any(|t| t.retention.hours.is_some() && t.message_count() > 0);
+        if wants_tick && app.leadership() == app::Leadership::Me {
+            let _ = app
+                .propose_anywhere(Request::Tick {
+                    now_ms: app.now_ms(),
+                })
+                .await;
+        }
+    }
+}
+
+async fn count_leader_changes(app: Arc<App>) {
+    let mut server = app.raft.server_metrics();
+    let mut last = server.borrow_and_update().current_leader;
+    while server.changed().await.is_ok() {
+        let leader = server.borrow_and_update().current_leader;
+        if leader != last {
+            if leader.is_some() {
+                app.metrics.leader_changes.inc();
+                tracing::info!(leader = ?leader, "leader changed");
+            }
+            last = leader;
+        }
+        if app.shutdown.is_cancelled() {
+            return;
+        }
+    }
+}

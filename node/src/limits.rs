@@ -1,0 +1,102 @@
+//! Limits and timings of the node. Each is a named constant with the reason it exists;
+//! `tests` at the bottom check how they relate.
+
+use std::time::Duration;
+
+pub use raft_store::limits::{
+    BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX, TOPICS_MAX, TOPIC_NAME_CHARS_MAX,
+};
+
+/// Body of a single publish: the 1 MiB payload plus room for `id`, `timestamp` and JSON
+/// whitespace. A larger body cannot hold a payload we would accept.
+pub const PUBLISH_BODY_BYTES_MAX: usize = PAYLOAD_BYTES_MAX + 64 * 1024;
+
+/// Publishes in flight on one publishing WebSocket; past it the server stops reading
+/// frames until answers go out.
+pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
+
+/// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
+pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Body of topic creation (metadata).
+pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// How long a write may wait to be committed before the client gets `504 raft_timeout`.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default and maximum `limit` of `GET /topics/:name/messages`.
+pub const READ_LIMIT_DEFAULT: usize = 100;
+pub const READ_LIMIT_MAX: usize = raft_store::limits::READ_MESSAGES_MAX;
+
+/// Longest long-poll (`wait_ms`) a reader may ask for.
+pub const READ_WAIT_MS_MAX: u64 = 30_000;
+
+/// Messages a subscription reads from storage per page: bounds its memory.
+pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
+
+/// How often a subscription pings an idle client, and how long it waits for any frame
+/// (pong, ack) before it drops the connection as dead.
+pub const SUBSCRIBE_PING_INTERVAL: Duration = Duration::from_secs(15);
+pub const SUBSCRIBE_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// Largest frame a subscriber may send us (acks are tiny).
+pub const SUBSCRIBER_FRAME_BYTES_MAX: usize = 64 * 1024;
+
+/// Subscriptions one node serves at once; more are refused with 503.
+pub const SUBSCRIPTIONS_MAX: usize = 100_000;
+
+/// How often coalesced acks are written through Raft.
+pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// (topic, subscriber) acks held between flushes; new pairs past this wait for the next flush.
+pub const ACKS_PENDING_MAX: usize = raft_store::limits::ACKS_PER_COMMAND_MAX;
+
+/// How often the leader proposes a `Tick` so `retention_hours` trims quiet topics.
+pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Subscribers listed by `GET /topics/:name/subscribers`.
+pub const SUBSCRIBERS_LIST_MAX: usize = 10_000;
+
+/// Largest Raft RPC message. An AppendEntries over it is split by openraft
+/// (`PayloadTooLarge`); a single entry is at most `BATCH_BODY_BYTES_MAX` plus overhead.
+pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// A peer connection with requests waiting and nothing received for this long is dropped
+/// and re-dialed: a partition can stall a TCP connection forever without an error.
+pub const PEER_STALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest a dial to a peer may take.
+pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Requests queued to one peer connection.
+pub const PEER_QUEUE_LEN: usize = 1024;
+
+/// Default Raft timings (each can be set by a flag).
+pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
+pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
+/// Build a snapshot (and let the log be purged) after this many entries.
+pub const SNAPSHOT_LOGS_DEFAULT: u64 = 100_000;
+/// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
+/// from the log instead of a snapshot.
+pub const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 10_000;
+/// Entries per AppendEntries.
+pub const APPEND_ENTRIES_MAX: u64 = 1024;
+/// Snapshot chunk size, and how long one chunk may take.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 10_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_relate_as_intended() {
+        assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
+        assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
+        assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
+        assert!(SUBSCRIBE_PING_INTERVAL * 2 < SUBSCRIBE_IDLE_TIMEOUT);
+        assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
+        assert!(PEER_STALL_TIMEOUT.as_millis() as u64 > ELECTION_TIMEOUT_MS_DEFAULT);
+        assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
+    }
+}

@@ -1,0 +1,159 @@
+//! Prometheus metrics (`GET /metrics`). Counters and the commit histogram are updated where
+//! things happen; gauges that mirror Raft or topic state are refreshed when scraped.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::app::App;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabel {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Published messages by outcome (`stored`, `duplicate`, `error`).
+    pub publishes: Family<OutcomeLabel, Counter>,
+    /// Time from proposing a write to having it committed and applied here.
+    pub commit_latency: Histogram,
+    pub leader_changes: Counter,
+    pub subscribers: Gauge,
+    pub delivered: Counter,
+    raft_term: Gauge<u64, AtomicU64>,
+    commit_index: Gauge<u64, AtomicU64>,
+    last_applied: Gauge<u64, AtomicU64>,
+    is_leader: Gauge,
+    topic_sequence: Family<TopicLabel, Gauge<u64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("pubsub");
+        let publishes = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "publishes",
+            "Published messages by outcome",
+            publishes.clone(),
+        );
+        // 0.1 ms .. ~3.3 s
+        let commit_latency = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "commit_latency_seconds",
+            "Time from proposal to commit and apply",
+            commit_latency.clone(),
+        );
+        let leader_changes = Counter::default();
+        registry.register(
+            "leader_changes",
+            "Leader changes seen by this node",
+            leader_changes.clone(),
+        );
+        let subscribers = Gauge::default();
+        registry.register(
+            "subscribers",
+            "Open WebSocket subscriptions on this node",
+            subscribers.clone(),
+        );
+        let delivered = Counter::default();
+        registry.register(
+            "delivered_messages",
+            "Message frames sent to subscribers",
+            delivered.clone(),
+        );
+        let raft_term = Gauge::<u64, AtomicU64>::default();
+        registry.register("raft_term", "Current Raft term", raft_term.clone());
+        let commit_index = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "raft_commit_index",
+            "Highest committed log index known",
+            commit_index.clone(),
+        );
+        let last_applied = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "raft_last_applied",
+            "Last applied log index",
+            last_applied.clone(),
+        );
+        let is_leader = Gauge::default();
+        registry.register(
+            "raft_is_leader",
+            "1 when this node is the leader",
+            is_leader.clone(),
+        );
+        let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
+        registry.register(
+            "topic_current_sequence",
+            "Last sequence assigned, per topic",
+            topic_sequence.clone(),
+        );
+        Self {
+            registry,
+            publishes,
+            commit_latency,
+            leader_changes,
+            subscribers,
+            delivered,
+            raft_term,
+            commit_index,
+            last_applied,
+            is_leader,
+            topic_sequence,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_commit(&self, elapsed: Duration) {
+        self.commit_latency.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn count_publish(&self, outcome: &str, n: u64) {
+        self.publishes
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc_by(n);
+    }
+
+    /// The text exposition, with state gauges refreshed from `app`.
+    pub fn render(&self, app: &App) -> String {
+        {
+            let m = app.raft.metrics();
+            let m = m.borrow();
+            self.raft_term.set(m.current_term);
+            self.last_applied
+                .set(m.last_applied.map(|l| l.index).unwrap_or(0));
+            self.is_leader
+                .set(i64::from(m.current_leader == Some(app.id())));
+        }
+        self.commit_index.set(
+            app.committed_index
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        self.subscribers.set(app.subscription_count() as i64);
+        self.topic_sequence.clear();
+        for t in app.reader.active_topics() {
+            self.topic_sequence
+                .get_or_create(&TopicLabel { topic: t.name })
+                .set(t.current_sequence);
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

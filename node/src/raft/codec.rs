@@ -1,0 +1,76 @@
+//! The inter-node RPC messages: the seed's `request_vote`, `append_entries` and
+//! `install_snapshot` (as openraft's own types), plus `forward` for writes a follower hands
+//! to the leader. Each travels as one binary WebSocket message: a bincode [`Frame`].
+
+use raft_store::typ::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
+    InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
+};
+use raft_store::{NodeId, Request, Response};
+use serde::{Deserialize, Serialize};
+
+/// A request or response with the id that pairs them on a multiplexed connection.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Frame<T> {
+    pub id: u64,
+    pub body: T,
+}
+
+/// What a node asks a peer. `target` is the node id the sender believes it is talking to:
+/// a node that is not `target` refuses, so a wrong address can never make a node replicate
+/// to itself or to a stranger.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RpcRequest {
+    Vote {
+        target: NodeId,
+        req: VoteRequest,
+    },
+    AppendEntries {
+        target: NodeId,
+        req: AppendEntriesRequest,
+    },
+    InstallSnapshot {
+        target: NodeId,
+        req: InstallSnapshotRequest,
+    },
+    /// A write proposed by a follower (coalesced acks, retention ticks).
+    Forward {
+        req: Request,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RpcResponse {
+    Vote(Result<VoteResponse, RaftError>),
+    AppendEntries(Result<AppendEntriesResponse, RaftError>),
+    InstallSnapshot(Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>),
+    Forward(Result<ForwardReply, ForwardError>),
+    /// The receiver is not the node the request was addressed to.
+    WrongNode {
+        actual: NodeId,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardReply {
+    pub log_index: u64,
+    pub response: Response,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+pub enum ForwardError {
+    #[error("not the leader")]
+    NotLeader,
+    #[error("not committed in time")]
+    Timeout,
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub fn encode<T: Serialize>(frame: &Frame<T>) -> Result<Vec<u8>, bincode::Error> {
+    bincode::serialize(frame)
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Frame<T>, bincode::Error> {
+    bincode::deserialize(bytes)
+}

@@ -1,0 +1,12 @@
+//! Raft over WebSocket: one long-lived connection per peer, requests multiplexed by id.
+//!
+//! - [`codec`]: the RPC messages and their compact binary (bincode) encoding.
+//! - [`network`]: the client side, openraft's `RaftNetworkFactory` over a pool of peer
+//!   connections.
+//! - [`server`]: the `GET /raft` handler that feeds incoming RPCs to the local Raft.
+//! - [`config`]: openraft's configuration from the node's flags.
+
+pub mod codec;
+pub mod config;
+pub mod network;
+pub mod server;

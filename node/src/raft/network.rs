@@ -1,0 +1,377 @@
+//! The client side of the Raft transport.
+//!
+//! [`PeerPool`] keeps one [`PeerConn`] per peer for the life of the process; openraft's
+//! `new_client` (called for every replication stream and every election) only hands out a
+//! cheap [`PeerClient`] over it. A `PeerConn` is a task owning one WebSocket: it dials when
+//! there is something to send, writes requests tagged with ids, and routes each response to
+//! its caller by id, so a vote never queues behind a large AppendEntries.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderValue;
+use futures_util::{SinkExt, StreamExt};
+use openraft::error::{NetworkError, PayloadTooLarge, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use raft_store::typ::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
+    InstallSnapshotResponse, RPCError, VoteRequest, VoteResponse,
+};
+use raft_store::{Node, NodeId, TypeConfig};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
+use crate::limits::{
+    PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX,
+};
+use crate::net::Env;
+
+/// Why an RPC did not get an answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// Could not reach the peer at all: openraft backs off before trying again.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// The connection broke or the answer could not be read: openraft may retry at once.
+    #[error("network: {0}")]
+    Network(String),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// WebSocket limits of the Raft connection, both sides.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(RAFT_MESSAGE_BYTES_MAX))
+        .max_frame_size(Some(RAFT_MESSAGE_BYTES_MAX))
+}
+
+/// Connections to every peer, shared by all Raft clients of this node.
+pub struct PeerPool {
+    env: Env,
+    secret: Option<String>,
+    conns: Mutex<HashMap<(NodeId, String), Arc<PeerConn>>>,
+}
+
+impl PeerPool {
+    pub fn new(env: Env, secret: Option<String>) -> Arc<Self> {
+        Arc::new(Self {
+            env,
+            secret,
+            conns: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The connection to `target` at `addr`, created (not yet dialed) on first use.
+    pub fn conn(&self, target: NodeId, addr: &str) -> Arc<PeerConn> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns
+            .entry((target, addr.to_string()))
+            .or_insert_with(|| {
+                PeerConn::spawn(self.env.clone(), addr.to_string(), self.secret.clone())
+            })
+            .clone()
+    }
+}
+
+struct Outgoing {
+    id: u64,
+    frame: Vec<u8>,
+    reply: oneshot::Sender<Result<RpcResponse, TransportError>>,
+}
+
+/// One multiplexed WebSocket to one peer.
+pub struct PeerConn {
+    queue: mpsc::Sender<Outgoing>,
+    next_id: AtomicU64,
+}
+
+impl PeerConn {
+    fn spawn(env: Env, addr: String, secret: Option<String>) -> Arc<Self> {
+        let (queue, rx) = mpsc::channel(PEER_QUEUE_LEN);
+        tokio::spawn(run_conn(env, addr, secret, rx));
+        Arc::new(Self {
+            queue,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Sends `request` and waits at most `timeout` for its response.
+    pub async fn call(
+        &self,
+        request: RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, TransportError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = encode(&Frame { id, body: request })
+            .map_err(|e| TransportError::Network(e.to_string()))?;
+        let (reply, response) = oneshot::channel();
+        let exchange = async {
+            self.queue
+                .send(Outgoing { id, frame, reply })
+                .await
+                .map_err(|_| TransportError::Unreachable("connection task stopped".into()))?;
+            response
+                .await
+                .map_err(|_| TransportError::Network("connection dropped the request".into()))?
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| TransportError::Timeout(timeout))?
+    }
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<crate::net::BoxedStream>;
+
+async fn dial(env: &Env, addr: &str, secret: &Option<String>) -> Result<Ws, TransportError> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
+    let stream = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
+    let mut request = format!("ws://{addr}/raft")
+        .into_client_request()
+        .map_err(|e| unreachable(&e))?;
+    if let Some(secret) = secret {
+        let value =
+            HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
+        request.headers_mut().insert(AUTHORIZATION, value);
+    }
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    Ok(ws)
+}
+
+/// The connection task: dial on demand, pump requests out and responses back.
+async fn run_conn(
+    env: Env,
+    addr: String,
+    secret: Option<String>,
+    mut rx: mpsc::Receiver<Outgoing>,
+) {
+    loop {
+        let Some(first) = rx.recv().await else { return };
+        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &secret)).await {
+            Ok(Ok(ws)) => ws,
+            Ok(Err(e)) => {
+                fail_queued(first, &mut rx, e);
+                continue;
+            }
+            Err(_) => {
+                fail_queued(
+                    first,
+                    &mut rx,
+                    TransportError::Unreachable(format!("{addr}: dial timed out")),
+                );
+                continue;
+            }
+        };
+        tracing::debug!(peer = %addr, "raft connection open");
+        let (mut sink, mut stream) = ws.split();
+        let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> =
+            HashMap::new();
+        let mut next = Some(first);
+        let mut quiet_since = Instant::now();
+        let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
+        let reason: String = loop {
+            if let Some(out) = next.take() {
+                if out.reply.is_closed() {
+                    continue;
+                }
+                if pending.is_empty() {
+                    quiet_since = Instant::now();
+                }
+                pending.insert(out.id, out.reply);
+                if let Err(e) = sink.send(Message::Binary(out.frame.into())).await {
+                    break e.to_string();
+                }
+                continue;
+            }
+            tokio::select! {
+                out = rx.recv() => match out {
+                    Some(out) => next = Some(out),
+                    None => return,
+                },
+                msg = stream.next() => match msg {
+                    Some(Ok(Message::Binary(bytes))) => {
+                        quiet_since = Instant::now();
+                        match decode::<RpcResponse>(&bytes) {
+                            Ok(frame) => {
+                                if let Some(reply) = pending.remove(&frame.id) {
+                                    let _ = reply.send(Ok(frame.body));
+                                }
+                            }
+                            Err(e) => break format!("undecodable response: {e}"),
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | None => break "closed by peer".into(),
+                    Some(Ok(_)) => quiet_since = Instant::now(),
+                    Some(Err(e)) => break e.to_string(),
+                },
+                _ = check.tick() => {
+                    pending.retain(|_, reply| !reply.is_closed());
+                    if !pending.is_empty() && quiet_since.elapsed() > PEER_STALL_TIMEOUT {
+                        break "stalled: no response".into();
+                    }
+                }
+            }
+        };
+        tracing::debug!(peer = %addr, %reason, "raft connection closed");
+        for (_, reply) in pending.drain() {
+            let _ = reply.send(Err(TransportError::Network(reason.clone())));
+        }
+    }
+}
+
+fn fail_queued(first: Outgoing, rx: &mut mpsc::Receiver<Outgoing>, error: TransportError) {
+    let _ = first.reply.send(Err(error.clone()));
+    while let Ok(out) = rx.try_recv() {
+        let _ = out.reply.send(Err(error.clone()));
+    }
+}
+
+/// openraft's network factory.
+#[derive(Clone)]
+pub struct Network {
+    pool: Arc<PeerPool>,
+}
+
+impl Network {
+    pub fn new(pool: Arc<PeerPool>) -> Self {
+        Self { pool }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        PeerClient {
+            target,
+            conn: self.pool.conn(target, &node.addr),
+        }
+    }
+}
+
+/// openraft's handle for RPCs to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    conn: Arc<PeerConn>,
+}
+
+fn transport_error<E: std::error::Error>(e: TransportError) -> RPCError<E> {
+    match e {
+        TransportError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&e)),
+        TransportError::Network(_) | TransportError::Timeout(_) => {
+            RPCError::Network(NetworkError::new(&e))
+        }
+    }
+}
+
+impl PeerClient {
+    async fn call<E: std::error::Error>(
+        &self,
+        request: RpcRequest,
+        option: &RPCOption,
+    ) -> Result<RpcResponse, RPCError<E>> {
+        let response = self
+            .conn
+            .call(request, option.hard_ttl())
+            .await
+            .map_err(transport_error)?;
+        if let RpcResponse::WrongNode { actual } = response {
+            let e = TransportError::Unreachable(format!(
+                "expected node-{} but reached node-{actual}",
+                self.target
+            ));
+            return Err(transport_error(e));
+        }
+        Ok(response)
+    }
+}
+
+fn unexpected<E: std::error::Error>() -> RPCError<E> {
+    transport_error(TransportError::Network("mismatched response type".into()))
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        req: AppendEntriesRequest,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RPCError> {
+        let entries = req.entries.len() as u64;
+        if entries > 1
+            && bincode::serialized_size(&req).unwrap_or(0) > RAFT_MESSAGE_BYTES_MAX as u64
+        {
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(entries / 2),
+            ));
+        }
+        match self
+            .call(
+                RpcRequest::AppendEntries {
+                    target: self.target,
+                    req,
+                },
+                &option,
+            )
+            .await?
+        {
+            RpcResponse::AppendEntries(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        req: InstallSnapshotRequest,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse, RPCError<InstallSnapshotError>> {
+        match self
+            .call(
+                RpcRequest::InstallSnapshot {
+                    target: self.target,
+                    req,
+                },
+                &option,
+            )
+            .await?
+        {
+            RpcResponse::InstallSnapshot(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        req: VoteRequest,
+        option: RPCOption,
+    ) -> Result<VoteResponse, RPCError> {
+        match self
+            .call(
+                RpcRequest::Vote {
+                    target: self.target,
+                    req,
+                },
+                &option,
+            )
+            .await?
+        {
+            RpcResponse::Vote(r) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+}

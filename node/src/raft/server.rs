@@ -1,0 +1,119 @@
+//! `GET /raft`: a peer's WebSocket, feeding its RPCs to the local Raft.
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::mpsc;
+
+use super::codec::{decode, encode, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
+use crate::app::SharedApp;
+use crate::error::ApiError;
+use crate::limits::{PEER_QUEUE_LEN, RAFT_MESSAGE_BYTES_MAX, WRITE_TIMEOUT};
+
+pub async fn handle(
+    State(app): State<SharedApp>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    if let Some(secret) = &app.config.cluster_secret {
+        let presented = headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if presented != Some(secret.as_str()) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    let Ok(upgrade) = upgrade else {
+        return ApiError::InvalidRequest(
+            "GET /raft is a WebSocket endpoint for cluster peers".into(),
+        )
+        .into_response();
+    };
+    upgrade
+        .max_message_size(RAFT_MESSAGE_BYTES_MAX)
+        .max_frame_size(RAFT_MESSAGE_BYTES_MAX)
+        .on_upgrade(move |socket| serve_peer(app, socket))
+}
+
+async fn serve_peer(app: SharedApp, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(PEER_QUEUE_LEN);
+    let writer = tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if sink.send(Message::Binary(bytes.into())).await.is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let message = tokio::select! {
+            m = stream.next() => m,
+            _ = app.shutdown.cancelled() => break,
+        };
+        let bytes = match message {
+            Some(Ok(Message::Binary(bytes))) => bytes,
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+            Some(Ok(_)) => continue,
+        };
+        let frame = match decode::<RpcRequest>(&bytes) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable raft rpc; closing the peer connection");
+                break;
+            }
+        };
+        // Each RPC runs on its own task so a slow one (a snapshot chunk) does not hold up
+        // votes and heartbeats on the same connection.
+        let (app, tx) = (app.clone(), tx.clone());
+        tokio::spawn(async move {
+            let body = dispatch(&app, frame.body).await;
+            match encode(&Frame { id: frame.id, body }) {
+                Ok(bytes) => {
+                    let _ = tx.send(bytes).await;
+                }
+                Err(e) => tracing::error!(error = %e, "cannot encode raft response"),
+            }
+        });
+    }
+    writer.abort();
+}
+
+async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
+    let me = app.id();
+    match request {
+        RpcRequest::Vote { target, .. }
+        | RpcRequest::AppendEntries { target, .. }
+        | RpcRequest::InstallSnapshot { target, .. }
+            if target != me =>
+        {
+            RpcResponse::WrongNode { actual: me }
+        }
+        RpcRequest::Vote { req, .. } => RpcResponse::Vote(app.raft.vote(req).await),
+        RpcRequest::AppendEntries { req, .. } => {
+            RpcResponse::AppendEntries(app.raft.append_entries(req).await)
+        }
+        RpcRequest::InstallSnapshot { req, .. } => {
+            RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await)
+        }
+        RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
+    }
+}
+
+async fn forward(app: &SharedApp, req: raft_store::Request) -> Result<ForwardReply, ForwardError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, app.raft.client_write(req)).await {
+        Err(_) => Err(ForwardError::Timeout),
+        Ok(Ok(r)) => Ok(ForwardReply {
+            log_index: r.log_id.index,
+            response: r.data,
+        }),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+            Err(ForwardError::NotLeader)
+        }
+        Ok(Err(e)) => Err(ForwardError::Failed(e.to_string())),
+    }
+}

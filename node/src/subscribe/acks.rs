@@ -1,0 +1,89 @@
+//! Subscriber acks, coalesced: the latest ack per (topic, subscriber) is kept in memory and
+//! all of them are written through Raft as one `Ack` command every
+//! [`ACK_FLUSH_INTERVAL`], so a subscriber acking every message costs one Raft entry per
+//! interval for the whole node, not one per ack.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, Weak};
+
+use raft_store::command::AckRecord;
+use raft_store::Request;
+
+use crate::app::App;
+use crate::limits::{ACKS_PENDING_MAX, ACK_FLUSH_INTERVAL};
+
+#[derive(Default)]
+pub struct AckCoalescer {
+    pending: Mutex<HashMap<(String, String), u64>>,
+}
+
+impl AckCoalescer {
+    /// Records an ack; the latest one for the pair wins.
+    pub fn record(&self, topic: &str, subscriber_id: &str, sequence: u64) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (topic.to_string(), subscriber_id.to_string());
+        if pending.len() >= ACKS_PENDING_MAX && !pending.contains_key(&key) {
+            // Full: this pair is recorded with its next ack after a flush.
+            return;
+        }
+        pending.insert(key, sequence);
+    }
+
+    fn take(&self) -> HashMap<(String, String), u64> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts back acks that failed to commit, unless newer ones arrived meanwhile.
+    fn restore(&self, acks: HashMap<(String, String), u64>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, sequence) in acks {
+            pending.entry(key).or_insert(sequence);
+        }
+    }
+}
+
+/// The flush loop; stops when the app is dropped or shut down.
+pub async fn run_flusher(app: Weak<App>) {
+    let mut interval = tokio::time::interval(ACK_FLUSH_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(app) = app.upgrade() else { return };
+        if app.shutdown.is_cancelled() {
+            return;
+        }
+        let acks = app.acks.take();
+        if acks.is_empty() {
+            continue;
+        }
+        let records = acks
+            .iter()
+            .map(|((topic, subscriber_id), &sequence)| AckRecord {
+                topic: topic.clone(),
+                subscriber_id: subscriber_id.clone(),
+                sequence,
+            })
+            .collect();
+        if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
+            tracing::debug!(error = %e, count = acks.len(), "acks not recorded yet; retrying");
+            app.acks.restore(acks);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latest_ack_wins_and_restore_does_not_overwrite_newer() {
+        let c = AckCoalescer::default();
+        c.record("t", "s", 5);
+        c.record("t", "s", 3);
+        let taken = c.take();
+        assert_eq!(taken[&("t".to_string(), "s".to_string())], 3);
+        c.record("t", "s", 9);
+        c.restore(taken);
+        assert_eq!(c.take()[&("t".to_string(), "s".to_string())], 9);
+    }
+}

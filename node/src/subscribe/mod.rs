@@ -1,0 +1,9 @@
+//! WebSocket subscriptions.
+//!
+//! - [`session`]: one subscription: replay from storage, then live, one loop for both.
+//! - [`frames`]: the JSON frames sent to subscribers.
+//! - [`acks`]: subscriber acks, coalesced and written through Raft periodically.
+
+pub mod acks;
+pub mod frames;
+pub mod session;

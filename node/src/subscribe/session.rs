@@ -1,0 +1,265 @@
+//! One subscription: a single loop that replays from storage and then follows live.
+//!
+//! The loop reads a bounded page of messages after its cursor from RocksDB, sends them, and
+//! when caught up waits on the topic's watch. A subscriber that falls behind simply reads
+//! from storage again: it never makes the apply loop, publishers or other subscribers wait,
+//! and its memory is one page. A cursor below the retained range is announced with
+//! `messages_expired` before the subscription continues: loss is never silent.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::frames;
+use crate::app::SharedApp;
+use crate::limits::{SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PING_INTERVAL};
+
+/// What was agreed before the upgrade.
+pub struct Session {
+    pub topic: String,
+    pub topic_id: u64,
+    pub subscriber_id: String,
+    /// The effective cursor: messages with a greater sequence are delivered.
+    pub cursor: u64,
+}
+
+/// Frames a subscriber may send.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ClientFrame {
+    Ack { sequence: u64 },
+}
+
+/// Why a session ended.
+enum End {
+    /// The client went away or the connection failed.
+    Gone,
+    /// Close with this code and reason.
+    Close(u16, &'static str),
+}
+
+type Sink = SplitSink<WebSocket, Message>;
+
+/// Counts the session in the node's totals for as long as it lives.
+struct Registration {
+    app: SharedApp,
+    key: (String, String),
+}
+
+impl Registration {
+    fn new(app: SharedApp, session: &Session) -> Self {
+        app.subscriptions.fetch_add(1, Ordering::Relaxed);
+        let key = (session.topic.clone(), session.subscriber_id.clone());
+        *app.connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_insert(0) += 1;
+        Self { app, key }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.app.subscriptions.fetch_sub(1, Ordering::Relaxed);
+        let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = connected.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                connected.remove(&self.key);
+            }
+        }
+    }
+}
+
+pub async fn run(app: SharedApp, socket: WebSocket, session: Session) {
+    let _registration = Registration::new(app.clone(), &session);
+    let (mut sink, stream) = socket.split();
+    let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let client_gone = Arc::new(Notify::new());
+    let listener = tokio::spawn(listen(
+        app.clone(),
+        stream,
+        session.topic.clone(),
+        session.subscriber_id.clone(),
+        heard.clone(),
+        client_gone.clone(),
+    ));
+
+    let end = serve(&app, &mut sink, &session, &heard, &client_gone).await;
+    listener.abort();
+    if let End::Close(code, reason) = end {
+        let frame = CloseFrame {
+            code,
+            reason: Utf8Bytes::from_static(reason),
+        };
+        let _ = tokio::time::timeout(
+            SUBSCRIBE_PING_INTERVAL,
+            sink.send(Message::Close(Some(frame))),
+        )
+        .await;
+    }
+}
+
+/// Reads the client's frames: acks go to the coalescer; anything counts as a sign of life.
+async fn listen(
+    app: SharedApp,
+    mut stream: futures_util::stream::SplitStream<WebSocket>,
+    topic: String,
+    subscriber_id: String,
+    heard: Arc<std::sync::Mutex<Instant>>,
+    client_gone: Arc<Notify>,
+) {
+    while let Some(Ok(message)) = stream.next().await {
+        *heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        match message {
+            Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
+                Ok(ClientFrame::Ack { sequence }) => {
+                    app.acks.record(&topic, &subscriber_id, sequence)
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "ignoring an unknown frame from a subscriber")
+                }
+            },
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    client_gone.notify_one();
+}
+
+/// Sends `text` frames, giving up on a client that does not read for the idle timeout.
+async fn send_all(sink: &mut Sink, texts: impl IntoIterator<Item = String>) -> Result<(), End> {
+    let send = async {
+        for text in texts {
+            sink.feed(Message::Text(text.into())).await?;
+        }
+        sink.flush().await
+    };
+    match tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, send).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(End::Gone),
+        Err(_) => Err(End::Close(1008, "subscriber stopped reading")),
+    }
+}
+
+async fn serve(
+    app: &SharedApp,
+    sink: &mut Sink,
+    s: &Session,
+    heard: &std::sync::Mutex<Instant>,
+    client_gone: &Notify,
+) -> End {
+    match serve_inner(app, sink, s, heard, client_gone).await {
+        Ok(end) | Err(end) => end,
+    }
+}
+
+async fn serve_inner(
+    app: &SharedApp,
+    sink: &mut Sink,
+    s: &Session,
+    heard: &std::sync::Mutex<Instant>,
+    client_gone: &Notify,
+) -> Result<End, End> {
+    let mut watch = app.reader.watch_topic(&s.topic);
+    let mut server = app.raft.server_metrics();
+    let mut last_leader = server.borrow_and_update().current_leader;
+    let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
+    ping.reset();
+    let mut cursor = s.cursor;
+    send_all(
+        sink,
+        [frames::subscribed(&s.topic, cursor, &s.subscriber_id)],
+    )
+    .await?;
+
+    loop {
+        let signal = *watch.borrow_and_update();
+        if signal.first_sequence > cursor + 1 {
+            send_all(
+                sink,
+                [frames::messages_expired(
+                    &s.topic,
+                    cursor,
+                    signal.first_sequence,
+                )],
+            )
+            .await?;
+            cursor = signal.first_sequence - 1;
+        }
+        if cursor < signal.current_sequence {
+            let page = app
+                .reader
+                .read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES)
+                .map_err(|e| {
+                    tracing::error!(error = %e, "subscription cannot read storage");
+                    End::Close(1011, "storage error")
+                })?;
+            let mut texts = Vec::with_capacity(page.len() + 1);
+            for (sequence, message) in &page {
+                if *sequence != cursor + 1 {
+                    // Trimmed between the signal and the read: say so, then go on.
+                    texts.push(frames::messages_expired(&s.topic, cursor, *sequence));
+                }
+                debug_assert!(*sequence > cursor);
+                texts.push(frames::message(&s.topic, *sequence, message));
+                cursor = *sequence;
+            }
+            let delivered = page.len() as u64;
+            if page.is_empty() {
+                // Everything up to the signal was trimmed meanwhile; the next signal says so.
+                cursor = cursor.max(signal.first_sequence.saturating_sub(1));
+                continue;
+            }
+            send_all(sink, texts).await?;
+            app.metrics.delivered.inc_by(delivered);
+            continue;
+        }
+        if signal.deleted {
+            send_all(sink, [frames::topic_deleted(&s.topic)]).await?;
+            return Ok(End::Close(1000, "topic deleted"));
+        }
+        tokio::select! {
+            changed = watch.changed() => if changed.is_err() { return Ok(End::Close(1011, "topic feed closed")) },
+            changed = server.changed() => {
+                if changed.is_err() {
+                    return Ok(End::Close(1001, "node shutting down"));
+                }
+                let leader = server.borrow_and_update().current_leader;
+                if let Some(id) = leader.filter(|_| leader != last_leader) {
+                    last_leader = leader;
+                    send_all(sink, [frames::leader_change(&addr_of(app, id), id)]).await?;
+                }
+            }
+            _ = ping.tick() => {
+                let quiet = heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+                if quiet > SUBSCRIBE_IDLE_TIMEOUT {
+                    return Ok(End::Close(1001, "no pong from subscriber"));
+                }
+                if tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.send(Message::Ping(Default::default()))).await.is_err() {
+                    return Ok(End::Gone);
+                }
+            }
+            _ = client_gone.notified() => return Ok(End::Gone),
+            _ = app.shutdown.cancelled() => return Ok(End::Close(1001, "server shutting down")),
+        }
+    }
+}
+
+/// A node's advertise address from the membership ("" when unknown).
+fn addr_of(app: &SharedApp, id: u64) -> String {
+    let metrics = app.raft.metrics();
+    let m = metrics.borrow();
+    m.membership_config
+        .membership()
+        .get_node(&id)
+        .map(|n| n.addr.clone())
+        .unwrap_or_default()
+}

@@ -1,0 +1,121 @@
+//! The commands carried in Raft log entries and their results.
+//!
+//! Everything a replica needs to compute the same result is inside the command: the
+//! leader's clock (`now_ms`) is recorded when the command is proposed, so no replica ever
+//! reads its own clock while applying.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A state machine command: the application data of one log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Create a topic, or revive a deleted one (its sequence continues). Idempotent.
+    CreateTopic {
+        topic: String,
+        /// The `metadata` object as the client sent it (compact JSON text).
+        metadata: Option<String>,
+        /// Retention limits parsed from `metadata` at the edge.
+        retention: Retention,
+        now_ms: u64,
+    },
+    /// Delete a topic: it disappears from listings and refuses publishes; its messages
+    /// stay on disk so a revived topic keeps its sequence and old cursors.
+    DeleteTopic { topic: String },
+    /// Publish one or more messages (a batch publish is one entry).
+    Publish {
+        topic: String,
+        messages: Vec<NewMessage>,
+        now_ms: u64,
+    },
+    /// Record subscribers' acknowledged cursors (coalesced on the node that received them).
+    Ack { acks: Vec<AckRecord> },
+    /// Let time pass for retention (`retention_hours`) on topics nobody publishes to.
+    Tick { now_ms: u64 },
+}
+
+/// One message inside a publish command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewMessage {
+    /// The client's id (or one the leader generated): dedup key within the topic.
+    pub id: String,
+    /// The client's timestamp, or the leader's clock when the client gave none.
+    pub timestamp: u64,
+    /// The payload as compact JSON text, carried as bytes and never re-parsed.
+    pub payload: Bytes,
+}
+
+/// A subscriber's acknowledged sequence on a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckRecord {
+    pub topic: String,
+    pub subscriber_id: String,
+    pub sequence: u64,
+}
+
+/// Retention limits of a topic (from its metadata). `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub hours: Option<u64>,
+    pub messages: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl Retention {
+    pub fn is_unlimited(&self) -> bool {
+        self.hours.is_none() && self.messages.is_none() && self.bytes.is_none()
+    }
+}
+
+/// The result of applying one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Blank and membership entries, and commands with nothing to say (`Tick`).
+    None,
+    TopicCreated {
+        created: bool,
+    },
+    TopicDeleted,
+    TopicNotFound,
+    /// One result per message, in the command's order.
+    Published {
+        results: Vec<PublishResult>,
+    },
+    Acked,
+}
+
+/// What happened to one published message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PublishResult {
+    /// Stored with this sequence.
+    Stored { sequence: u64 },
+    /// The id was already published to this topic (and is still retained).
+    Duplicate { existing_sequence: u64 },
+}
+
+/// A topic as the state machine keeps it (persisted in the `topics` column family and
+/// cached in memory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Internal id, the prefix of the topic's message, dedup and cursor keys. Kept across
+    /// delete and revive.
+    pub id: u64,
+    pub name: String,
+    pub created_at: u64,
+    pub metadata: Option<String>,
+    pub retention: Retention,
+    pub deleted: bool,
+    /// Last sequence assigned (0 when none).
+    pub current_sequence: u64,
+    /// First retained sequence; `current_sequence + 1` when nothing is retained.
+    pub first_sequence: u64,
+    /// Bytes of payload retained (for `retention_bytes`).
+    pub bytes: u64,
+}
+
+impl TopicRecord {
+    /// Messages currently retained.
+    pub fn message_count(&self) -> u64 {
+        self.current_sequence + 1 - self.first_sequence
+    }
+}

@@ -1,0 +1,72 @@
+//! Opening RocksDB with the column families and options the store relies on.
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB,
+};
+
+use crate::keys::{ALL_CFS, CF_LOG};
+use crate::StoreError;
+
+/// Memory for all memtables together: bounds the node's write buffering whatever the number
+/// of column families.
+const MEMTABLES_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Block cache shared by every column family (hot tails of topics are read from here).
+const BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// WAL kept before RocksDB flushes the column families holding it back: bounds replay time
+/// on restart.
+const WAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+pub fn open(path: &Path) -> Result<DB, StoreError> {
+    std::fs::create_dir_all(path)?;
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.set_db_write_buffer_size(MEMTABLES_BYTES_MAX);
+    db_opts.set_max_total_wal_size(WAL_BYTES_MAX);
+    db_opts.set_max_background_jobs(2);
+    // Recovery after a crash stops at the first corrupt WAL record instead of refusing to
+    // open: a torn tail write is expected after power loss, and anything after it was never
+    // acknowledged (it was not fsynced).
+    db_opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
+
+    let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    let cfs = ALL_CFS.iter().map(|name| {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        let mut opts = Options::default();
+        opts.set_block_based_table_factory(&table);
+        // The log is short-lived (purged after snapshots); compressing it is wasted CPU.
+        let compression = if *name == CF_LOG {
+            DBCompressionType::None
+        } else {
+            DBCompressionType::Lz4
+        };
+        opts.set_compression_type(compression);
+        ColumnFamilyDescriptor::new(*name, opts)
+    });
+    Ok(DB::open_cf_descriptors(&db_opts, path, cfs)?)
+}
+
+/// A write that returns only once it is on disk (WAL fsynced).
+pub fn synced() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.set_sync(true);
+    opts
+}
+
+/// A write that reaches RocksDB's WAL in the OS page cache but is not fsynced: used where a
+/// later fsync covers it (log appends, see `log_store`) or where losing it is repaired on
+/// restart (state machine writes are re-applied from the fsynced log).
+pub fn unsynced() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.set_sync(false);
+    opts
+}
+
+pub fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, StoreError> {
+    db.cf_handle(name)
+        .ok_or_else(|| StoreError::Corrupt(format!("missing column family {name}")))
+}

@@ -1,0 +1,117 @@
+//! Wake-ups for subscribers and long-polls when entries are applied.
+//!
+//! One `watch` per topic that has someone waiting: the apply loop only replaces a small
+//! value, it never waits for or copies to a subscriber, so a slow subscriber cannot slow it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio::sync::watch;
+
+use crate::command::TopicRecord;
+use crate::rules::Topics;
+
+/// What a subscriber needs to know about its topic after a change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TopicSignal {
+    pub current_sequence: u64,
+    pub first_sequence: u64,
+    pub deleted: bool,
+    /// False when the topic has never existed.
+    pub exists: bool,
+}
+
+impl TopicSignal {
+    pub fn of(record: Option<&TopicRecord>) -> Self {
+        match record {
+            Some(r) => Self {
+                current_sequence: r.current_sequence,
+                first_sequence: r.first_sequence,
+                deleted: r.deleted,
+                exists: true,
+            },
+            None => Self::default(),
+        }
+    }
+}
+
+/// The registry of topic watches, shared by the state machine (sender side) and the node.
+pub struct Feeds {
+    watchers: Mutex<HashMap<String, watch::Sender<TopicSignal>>>,
+    /// Index of the last applied log entry.
+    applied: watch::Sender<u64>,
+}
+
+impl Default for Feeds {
+    fn default() -> Self {
+        Self {
+            watchers: Mutex::new(HashMap::new()),
+            applied: watch::channel(0).0,
+        }
+    }
+}
+
+impl Feeds {
+    /// Watches `topic`. The receiver sees every change applied after this call.
+    pub fn watch_topic(
+        &self,
+        topics: &RwLock<Topics>,
+        topic: &str,
+    ) -> watch::Receiver<TopicSignal> {
+        // The topic is read under the watchers lock, which `apply` also holds while it
+        // changes topics, so no change can fall between the read and the subscription.
+        let mut watchers = self.lock();
+        if let Some(sender) = watchers.get(topic) {
+            return sender.subscribe();
+        }
+        let signal = TopicSignal::of(
+            topics
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .by_name
+                .get(topic),
+        );
+        let (sender, receiver) = watch::channel(signal);
+        watchers.insert(topic.to_string(), sender);
+        receiver
+    }
+
+    /// Watches the applied log index.
+    pub fn watch_applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<TopicSignal>>> {
+        self.watchers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called by `apply` with the watchers lock held and the topics already updated.
+    pub(crate) fn notify(
+        watchers: &mut HashMap<String, watch::Sender<TopicSignal>>,
+        record: &TopicRecord,
+    ) {
+        if let Some(sender) = watchers.get(&record.name) {
+            if sender.receiver_count() == 0 {
+                watchers.remove(&record.name);
+            } else {
+                sender.send_replace(TopicSignal::of(Some(record)));
+            }
+        }
+    }
+
+    pub(crate) fn notify_applied(&self, index: u64) {
+        self.applied.send_replace(index);
+    }
+
+    /// After a snapshot install every topic may have changed.
+    pub(crate) fn notify_all(&self, topics: &Topics) {
+        let mut watchers = self.lock();
+        watchers.retain(|name, sender| {
+            sender.send_replace(TopicSignal::of(topics.by_name.get(name)));
+            sender.receiver_count() > 0
+        });
+    }
+}
+
+/// Shared handle to the feeds.
+pub type SharedFeeds = Arc<Feeds>;

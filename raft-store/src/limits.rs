@@ -1,0 +1,35 @@
+//! Limits of the storage layer. Each is a named constant with the reason it exists.
+
+/// A message's payload, as compact JSON, may be at most this many bytes (API.md §1).
+pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
+
+/// Messages in one batch publish (API.md §4): bounds the size of one log entry.
+pub const BATCH_MESSAGES_MAX: usize = 1000;
+
+/// Longest message id and subscriber id (API.md §1).
+pub const ID_CHARS_MAX: usize = 256;
+
+/// Longest topic name (API.md §1).
+pub const TOPIC_NAME_CHARS_MAX: usize = 255;
+
+/// Topics that may exist at once (active or deleted): every topic record is kept in
+/// memory, so this bounds that memory (about 200 bytes each).
+pub const TOPICS_MAX: usize = 100_000;
+
+/// Messages one command may trim for retention. Trimming happens inside `apply`, which
+/// blocks the apply loop, so a topic that has to drop millions of messages drops them over
+/// several commands instead of stalling every other topic. Deterministic on all replicas.
+pub const TRIM_PER_COMMAND_MAX: u64 = 10_000;
+
+/// Messages returned by one read of the message log.
+pub const READ_MESSAGES_MAX: usize = 1000;
+
+/// Bytes of payload returned by one read of the message log (a page stops early past it).
+pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Entries written to RocksDB per `WriteBatch` while installing a snapshot: bounds the
+/// memory an install needs, whatever the snapshot's size.
+pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;
+
+/// Acknowledgements carried in one `Ack` command (one per topic and subscriber).
+pub const ACKS_PER_COMMAND_MAX: usize = 10_000;

@@ -1,0 +1,297 @@
+//! openraft's log storage over RocksDB, with group commit.
+//!
+//! An `append` writes its entries to RocksDB without waiting for the disk (so they are
+//! readable at once and replication to followers can start), then hands the flush callback
+//! to the syncer thread. The syncer takes every callback queued so far, fsyncs the WAL once,
+//! and only then tells openraft the entries are durable. Many appends therefore share one
+//! fsync, and no entry is reported durable before it is.
+
+use std::fmt::Debug;
+use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader};
+use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
+
+use crate::db::{cf, synced, unsynced};
+use crate::error::{read_err, write_err};
+use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
+use crate::typ::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::StoreError;
+
+/// How appends reach the disk. Both fsync before openraft is told an entry is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSync {
+    /// A syncer thread fsyncs once for every append queued meanwhile (group commit), and the
+    /// append itself returns at once. The production mode.
+    Background,
+    /// Each append is written with `sync = true` before it returns. Uses no thread, so a
+    /// deterministic simulation can run it on its single thread.
+    Inline,
+}
+
+/// The Raft log. Cloning is cheap and clones share everything (the clone is the log reader
+/// replication tasks use).
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+    /// The syncer thread's queue; `None` when appends fsync inline (see [`LogSync`]).
+    syncer: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    /// Highest committed index this node has learned; for `/cluster` and `/ready`.
+    committed_index: Arc<AtomicU64>,
+}
+
+impl LogStore {
+    pub fn new(db: Arc<DB>, sync: LogSync) -> Result<Self, StoreError> {
+        let syncer = match sync {
+            LogSync::Inline => None,
+            LogSync::Background => {
+                let (syncer, queue) = mpsc::channel();
+                let sync_db = db.clone();
+                std::thread::Builder::new()
+                    .name("log-syncer".into())
+                    .spawn(move || run_syncer(&sync_db, &queue))?;
+                Some(syncer)
+            }
+        };
+        let store = Self {
+            db,
+            syncer,
+            committed_index: Arc::new(AtomicU64::new(0)),
+        };
+        if let Some(committed) = store.read_committed_sync()? {
+            store
+                .committed_index
+                .store(committed.index, Ordering::Relaxed);
+        }
+        Ok(store)
+    }
+
+    /// Highest committed log index known to this node.
+    pub fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed_index.clone()
+    }
+
+    fn get_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, StoreError> {
+        match self.db.get_cf(cf(&self.db, CF_RAFT)?, key)? {
+            Some(bytes) => Ok(Some(
+                bincode::deserialize(&bytes).map_err(StoreError::decode("raft meta"))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    fn read_committed_sync(&self) -> Result<Option<LogId>, StoreError> {
+        self.get_meta(COMMITTED)
+    }
+
+    fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {
+        let mut iter = self
+            .db
+            .iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::End);
+        match iter.next() {
+            Some(item) => {
+                let (_, value) = item?;
+                let entry: Entry =
+                    bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?;
+                Ok(Some(entry.log_id))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn read_range(
+        &self,
+        start: u64,
+        end_exclusive: u64,
+        max: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::new();
+        if start >= end_exclusive {
+            return Ok(out);
+        }
+        let from = log_key(start);
+        for item in self.db.iterator_cf(
+            cf(&self.db, CF_LOG)?,
+            IteratorMode::From(&from, Direction::Forward),
+        ) {
+            let (key, value) = item?;
+            let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
+            if index >= end_exclusive || out.len() >= max {
+                break;
+            }
+            out.push(bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?);
+        }
+        Ok(out)
+    }
+}
+
+/// Fsyncs the WAL for every batch of queued callbacks, then completes them.
+fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
+    while let Ok(first) = queue.recv() {
+        let mut waiting = vec![first];
+        waiting.extend(queue.try_iter());
+        let result = db.flush_wal(true);
+        for callback in waiting {
+            let outcome = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            callback.log_io_completed(outcome);
+        }
+    }
+}
+
+fn bounds(range: impl RangeBounds<u64>) -> (u64, u64) {
+    use std::ops::Bound;
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let (start, end) = bounds(range);
+        self.read_range(start, end, usize::MAX).map_err(read_err)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id: Option<LogId> = self.get_meta(LAST_PURGED).map_err(read_err)?;
+        let last_log_id = self.last_log_id().map_err(read_err)?.or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    /// # Correctness
+    /// The vote is fsynced before this returns: a node must never vote twice in a term.
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let bytes =
+            bincode::serialize(vote).map_err(|e| write_err(StoreError::decode("vote")(e)))?;
+        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
+        self.db
+            .put_cf_opt(raft, VOTE, bytes, &synced())
+            .map_err(write_err)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.get_meta(VOTE).map_err(read_err)
+    }
+
+    /// Not fsynced: if it is lost, the node learns the commit index again from the leader,
+    /// and the state machine's own `last_applied` is durable with its data.
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        if let Some(c) = &committed {
+            self.committed_index.fetch_max(c.index, Ordering::Relaxed);
+        }
+        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
+        match committed {
+            Some(c) => {
+                let bytes = bincode::serialize(&c)
+                    .map_err(|e| write_err(StoreError::decode("committed")(e)))?;
+                self.db
+                    .put_cf_opt(raft, COMMITTED, bytes, &unsynced())
+                    .map_err(write_err)
+            }
+            None => self
+                .db
+                .delete_cf_opt(raft, COMMITTED, &unsynced())
+                .map_err(write_err),
+        }
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        self.read_committed_sync().map_err(read_err)
+    }
+
+    /// # Correctness
+    /// Entries are readable when this returns; `callback` fires only after the WAL holding
+    /// them is fsynced (by the syncer thread, shared with other appends).
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            let bytes = bincode::serialize(&entry)
+                .map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
+            batch.put_cf(log, log_key(entry.log_id.index), bytes);
+        }
+        match &self.syncer {
+            Some(syncer) => {
+                self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+                syncer
+                    .send(callback)
+                    .map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
+            }
+            None => {
+                let result = self
+                    .db
+                    .write_opt(batch, &synced())
+                    .map_err(|e| std::io::Error::other(e.to_string()));
+                let failed = result
+                    .as_ref()
+                    .err()
+                    .map(|e| write_err(StoreError::Io(std::io::Error::other(e.to_string()))));
+                callback.log_io_completed(result);
+                failed.map_or(Ok(()), Err)
+            }
+        }
+    }
+
+    /// # Correctness
+    /// Deletes `[log_id.index, ∞)` and fsyncs before returning, so a truncated entry can never
+    /// reappear after a crash.
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(log, log_key(log_id.index), log_key(u64::MAX));
+        self.db.write_opt(batch, &synced()).map_err(write_err)
+    }
+
+    /// # Correctness
+    /// `last_purged` and the deletion are one atomic batch. Not fsynced: purged entries are
+    /// covered by the state machine, and a purge lost in a crash is simply redone.
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
+        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
+        let bytes =
+            bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(raft, LAST_PURGED, bytes);
+        batch.delete_range_cf(log, log_key(0), log_key(log_id.index + 1));
+        self.db.write_opt(batch, &unsynced()).map_err(write_err)
+    }
+}

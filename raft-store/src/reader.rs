@@ -1,0 +1,167 @@
+//! The read side of the state machine: what the HTTP API and subscriptions serve from.
+//!
+//! Every read is from applied (committed) state, so any node answers the same for the same
+//! applied index. Topic records come from memory; messages, dedup and cursors from RocksDB
+//! through bounded iterators (never a full scan).
+
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use rocksdb::{Direction, IteratorMode, DB};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::command::TopicRecord;
+use crate::db::cf;
+use crate::feeds::{Feeds, TopicSignal};
+use crate::keys::{decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES};
+use crate::limits::{READ_BYTES_MAX, READ_MESSAGES_MAX};
+use crate::rules::Topics;
+use crate::StoreError;
+
+/// A message as stored (and as read back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    pub id: String,
+    /// The client's timestamp (or the leader's clock when the client gave none).
+    pub timestamp: u64,
+    /// The leader's clock when the message was proposed: what retention compares.
+    pub stored_at: u64,
+    /// Compact JSON text.
+    pub payload: Bytes,
+}
+
+impl StoredMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain owned data into a Vec cannot fail.
+        bincode::serialize(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, StoreError> {
+        bincode::deserialize(bytes).map_err(StoreError::decode("message"))
+    }
+}
+
+/// Cheap-to-clone read handle over the state machine.
+#[derive(Clone)]
+pub struct StoreReader {
+    pub(crate) db: Arc<DB>,
+    pub(crate) topics: Arc<RwLock<Topics>>,
+    pub(crate) feeds: Arc<Feeds>,
+}
+
+impl StoreReader {
+    /// A topic's record, including deleted ones (check `deleted`).
+    pub fn topic(&self, name: &str) -> Option<TopicRecord> {
+        self.topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .get(name)
+            .cloned()
+    }
+
+    /// Active topic records, sorted by name.
+    pub fn active_topics(&self) -> Vec<TopicRecord> {
+        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
+        let mut list: Vec<TopicRecord> = topics
+            .by_name
+            .values()
+            .filter(|r| !r.deleted)
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
+    /// Number of topic records (active and deleted).
+    pub fn topic_count(&self) -> usize {
+        self.topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .len()
+    }
+
+    /// Messages of `topic_id` with `sequence > after`, in order, at most `limit` (and at
+    /// most [`READ_MESSAGES_MAX`] / about [`READ_BYTES_MAX`] of payload).
+    pub fn read_messages(
+        &self,
+        topic_id: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, StoredMessage)>, StoreError> {
+        let limit = limit.min(READ_MESSAGES_MAX);
+        let mut out = Vec::with_capacity(limit.min(64));
+        if limit == 0 || after == u64::MAX {
+            return Ok(out);
+        }
+        let start = message_key(topic_id, after + 1);
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_MESSAGES)?,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut bytes = 0usize;
+        for item in iter {
+            let (key, value) = item?;
+            if key.len() != 16 || decode_u64(&key[..8]) != Some(topic_id) {
+                break;
+            }
+            let sequence =
+                decode_u64(&key[8..]).ok_or_else(|| StoreError::Corrupt("message key".into()))?;
+            let message = StoredMessage::decode(&value)?;
+            bytes += message.payload.len();
+            out.push((sequence, message));
+            if out.len() >= limit || bytes >= READ_BYTES_MAX {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The sequence a message id was stored with, while it is retained.
+    pub fn dedup(&self, topic_id: u64, id: &str) -> Result<Option<u64>, StoreError> {
+        let value = self
+            .db
+            .get_cf(cf(&self.db, CF_DEDUP)?, topic_scoped_key(topic_id, id))?;
+        Ok(value.as_deref().and_then(decode_u64))
+    }
+
+    /// A subscriber's acknowledged sequence on a topic.
+    pub fn cursor(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError> {
+        let value = self.db.get_cf(
+            cf(&self.db, CF_CURSORS)?,
+            topic_scoped_key(topic_id, subscriber_id),
+        )?;
+        Ok(value.as_deref().and_then(decode_u64))
+    }
+
+    /// Recorded cursors of a topic, by subscriber id, at most `limit`.
+    pub fn cursors(&self, topic_id: u64, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        let prefix = topic_id.to_be_bytes();
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_CURSORS)?,
+            IteratorMode::From(&prefix, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (key, value) = item?;
+            if !key.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            let subscriber = String::from_utf8_lossy(&key[8..]).into_owned();
+            out.push((subscriber, decode_u64(&value).unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
+    /// Watches a topic: wakes on every applied change to it (publish, trim, delete, revive).
+    pub fn watch_topic(&self, topic: &str) -> watch::Receiver<TopicSignal> {
+        self.feeds.watch_topic(&self.topics, topic)
+    }
+
+    /// Watches the index of the last applied log entry.
+    pub fn watch_applied(&self) -> watch::Receiver<u64> {
+        self.feeds.watch_applied()
+    }
+}

@@ -1,0 +1,599 @@
+//! The pub/sub rules: how a command changes the state, as a function with no I/O.
+//!
+//! [`apply`] reads and writes through [`SmStore`]; the state machine implements it over a
+//! RocksDB `WriteBatch` (with an overlay so later commands of the same batch see earlier
+//! ones), and the tests implement it over `BTreeMap`s. Every replica runs exactly this code
+//! on exactly the same commands, so every replica computes the same state.
+
+use std::collections::HashMap;
+
+use crate::command::{
+    AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord,
+};
+use crate::limits::{TOPICS_MAX, TRIM_PER_COMMAND_MAX};
+use crate::reader::StoredMessage;
+use crate::StoreError;
+
+/// What the rules need to know about a stored message to trim it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageMeta {
+    pub id: String,
+    pub payload_bytes: u64,
+    pub stored_at: u64,
+}
+
+/// The storage the rules read and write. Writes must be visible to later reads.
+pub trait SmStore {
+    fn dedup_get(&self, topic_id: u64, id: &str) -> Result<Option<u64>, StoreError>;
+    fn dedup_put(&mut self, topic_id: u64, id: &str, sequence: u64);
+    fn dedup_delete(&mut self, topic_id: u64, id: &str);
+    fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage);
+    fn message_meta(&self, topic_id: u64, sequence: u64)
+        -> Result<Option<MessageMeta>, StoreError>;
+    /// Deletes messages `[from, to)`.
+    fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64);
+    fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64);
+}
+
+/// The in-memory part of the state: every topic record, by name, and the next topic id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topics {
+    pub by_name: HashMap<String, TopicRecord>,
+    pub next_topic_id: u64,
+}
+
+/// Applies one command. Returns the response and the names of the topics it changed (their
+/// records must be persisted and their subscribers woken).
+pub fn apply(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    request: &Request,
+) -> Result<(Response, Vec<String>), StoreError> {
+    match request {
+        Request::CreateTopic {
+            topic,
+            metadata,
+            retention,
+            now_ms,
+        } => Ok(create_topic(topics, topic, metadata, *retention, *now_ms)),
+        Request::DeleteTopic { topic } => Ok(delete_topic(topics, topic)),
+        Request::Publish {
+            topic,
+            messages,
+            now_ms,
+        } => publish(topics, store, topic, messages, *now_ms),
+        Request::Ack { acks } => Ok(ack(topics, store, acks)),
+        Request::Tick { now_ms } => tick(topics, store, *now_ms),
+    }
+}
+
+fn create_topic(
+    topics: &mut Topics,
+    name: &str,
+    metadata: &Option<String>,
+    retention: Retention,
+    now_ms: u64,
+) -> (Response, Vec<String>) {
+    if let Some(record) = topics.by_name.get_mut(name) {
+        if !record.deleted {
+            return (Response::TopicCreated { created: false }, vec![]);
+        }
+        // Revive: same id and sequence, so old cursors stay valid.
+        record.deleted = false;
+        record.created_at = now_ms;
+        record.metadata = metadata.clone();
+        record.retention = retention;
+        return (
+            Response::TopicCreated { created: true },
+            vec![name.to_string()],
+        );
+    }
+    if topics.by_name.len() >= TOPICS_MAX {
+        // The edge refuses this before proposing; a replica that still sees it must agree.
+        return (Response::TopicCreated { created: false }, vec![]);
+    }
+    topics.next_topic_id += 1;
+    let record = TopicRecord {
+        id: topics.next_topic_id,
+        name: name.to_string(),
+        created_at: now_ms,
+        metadata: metadata.clone(),
+        retention,
+        deleted: false,
+        current_sequence: 0,
+        first_sequence: 1,
+        bytes: 0,
+    };
+    topics.by_name.insert(name.to_string(), record);
+    (
+        Response::TopicCreated { created: true },
+        vec![name.to_string()],
+    )
+}
+
+fn delete_topic(topics: &mut Topics, name: &str) -> (Response, Vec<String>) {
+    match topics.by_name.get_mut(name) {
+        Some(record) if !record.deleted => {
+            record.deleted = true;
+            (Response::TopicDeleted, vec![name.to_string()])
+        }
+        _ => (Response::TopicNotFound, vec![]),
+    }
+}
+
+fn publish(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    name: &str,
+    messages: &[NewMessage],
+    now_ms: u64,
+) -> Result<(Response, Vec<String>), StoreError> {
+    let Some(record) = topics.by_name.get_mut(name).filter(|r| !r.deleted) else {
+        return Ok((Response::TopicNotFound, vec![]));
+    };
+    let mut results = Vec::with_capacity(messages.len());
+    for message in messages {
+        if let Some(existing_sequence) = store.dedup_get(record.id, &message.id)? {
+            results.push(PublishResult::Duplicate { existing_sequence });
+            continue;
+        }
+        let sequence = record.current_sequence + 1;
+        store.dedup_put(record.id, &message.id, sequence);
+        store.message_put(
+            record.id,
+            sequence,
+            StoredMessage {
+                id: message.id.clone(),
+                timestamp: message.timestamp,
+                stored_at: now_ms,
+                payload: message.payload.clone(),
+            },
+        );
+        record.current_sequence = sequence;
+        record.bytes += message.payload.len() as u64;
+        results.push(PublishResult::Stored { sequence });
+    }
+    debug_assert!(record.first_sequence <= record.current_sequence + 1);
+    trim(record, store, now_ms)?;
+    Ok((Response::Published { results }, vec![name.to_string()]))
+}
+
+fn ack(topics: &Topics, store: &mut impl SmStore, acks: &[AckRecord]) -> (Response, Vec<String>) {
+    for a in acks {
+        // An ack for a deleted or unknown topic, or past the end, is ignored: acks are
+        // advisory and must never fail a coalesced batch of others.
+        if let Some(record) = topics.by_name.get(&a.topic).filter(|r| !r.deleted) {
+            store.cursor_put(
+                record.id,
+                &a.subscriber_id,
+                a.sequence.min(record.current_sequence),
+            );
+        }
+    }
+    (Response::Acked, vec![])
+}
+
+fn tick(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    now_ms: u64,
+) -> Result<(Response, Vec<String>), StoreError> {
+    let mut names: Vec<&String> = topics
+        .by_name
+        .iter()
+        .filter(|(_, r)| r.retention.hours.is_some() && r.message_count() > 0)
+        .map(|(name, _)| name)
+        .collect();
+    // HashMap order differs between processes; the trim budget must not.
+    names.sort();
+    let names: Vec<String> = names.into_iter().cloned().collect();
+    let mut changed = Vec::new();
+    for name in names {
+        let Some(record) = topics.by_name.get_mut(&name) else {
+            continue;
+        };
+        if trim(record, store, now_ms)? > 0 {
+            changed.push(name);
+        }
+    }
+    Ok((Response::None, changed))
+}
+
+/// Drops the oldest messages while the topic is over any of its retention limits, at
+/// most [`TRIM_PER_COMMAND_MAX`] at a time. Returns how many were dropped.
+fn trim(
+    record: &mut TopicRecord,
+    store: &mut impl SmStore,
+    now_ms: u64,
+) -> Result<u64, StoreError> {
+    let retention = record.retention;
+    if retention.is_unlimited() {
+        return Ok(0);
+    }
+    let cutoff_ms = retention
+        .hours
+        .map(|h| now_ms.saturating_sub(h.saturating_mul(3_600_000)));
+    let start = record.first_sequence;
+    let mut first = start;
+    while first <= record.current_sequence && first - start < TRIM_PER_COMMAND_MAX {
+        let count = record.current_sequence + 1 - first;
+        let over_count = retention.messages.is_some_and(|max| count > max);
+        let over_bytes = retention.bytes.is_some_and(|max| record.bytes > max);
+        if !over_count && !over_bytes && cutoff_ms.is_none() {
+            break;
+        }
+        let Some(meta) = store.message_meta(record.id, first)? else {
+            return Err(StoreError::Corrupt(format!(
+                "topic {} is missing retained message {first}",
+                record.name
+            )));
+        };
+        let too_old = cutoff_ms.is_some_and(|cutoff| meta.stored_at < cutoff);
+        if !over_count && !over_bytes && !too_old {
+            break;
+        }
+        store.dedup_delete(record.id, &meta.id);
+        record.bytes -= meta.payload_bytes.min(record.bytes);
+        first += 1;
+    }
+    if first > start {
+        store.messages_delete(record.id, start, first);
+        record.first_sequence = first;
+    }
+    Ok(first - start)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    /// The rules' storage over plain maps.
+    #[derive(Default)]
+    pub struct MemStore {
+        pub dedup: BTreeMap<(u64, String), u64>,
+        pub messages: BTreeMap<(u64, u64), StoredMessage>,
+        pub cursors: BTreeMap<(u64, String), u64>,
+    }
+
+    impl SmStore for MemStore {
+        fn dedup_get(&self, topic_id: u64, id: &str) -> Result<Option<u64>, StoreError> {
+            Ok(self.dedup.get(&(topic_id, id.to_string())).copied())
+        }
+        fn dedup_put(&mut self, topic_id: u64, id: &str, sequence: u64) {
+            self.dedup.insert((topic_id, id.to_string()), sequence);
+        }
+        fn dedup_delete(&mut self, topic_id: u64, id: &str) {
+            self.dedup.remove(&(topic_id, id.to_string()));
+        }
+        fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage) {
+            self.messages.insert((topic_id, sequence), message);
+        }
+        fn message_meta(
+            &self,
+            topic_id: u64,
+            sequence: u64,
+        ) -> Result<Option<MessageMeta>, StoreError> {
+            Ok(self
+                .messages
+                .get(&(topic_id, sequence))
+                .map(|m| MessageMeta {
+                    id: m.id.clone(),
+                    payload_bytes: m.payload.len() as u64,
+                    stored_at: m.stored_at,
+                }))
+        }
+        fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64) {
+            for seq in from..to {
+                self.messages.remove(&(topic_id, seq));
+            }
+        }
+        fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
+            self.cursors
+                .insert((topic_id, subscriber_id.to_string()), sequence);
+        }
+    }
+
+    pub fn create(topic: &str, retention: Retention) -> Request {
+        Request::CreateTopic {
+            topic: topic.into(),
+            metadata: None,
+            retention,
+            now_ms: 1,
+        }
+    }
+
+    pub fn msg(id: &str) -> NewMessage {
+        NewMessage {
+            id: id.into(),
+            timestamp: 7,
+            payload: Bytes::from_static(b"{\"k\":1}"),
+        }
+    }
+
+    pub fn publish_at(topic: &str, ids: &[&str], now_ms: u64) -> Request {
+        Request::Publish {
+            topic: topic.into(),
+            messages: ids.iter().map(|id| msg(id)).collect(),
+            now_ms,
+        }
+    }
+
+    fn run(topics: &mut Topics, store: &mut MemStore, request: Request) -> Response {
+        apply(topics, store, &request)
+            .expect("in-memory store does not fail")
+            .0
+    }
+
+    fn stored(seqs: &[u64]) -> Response {
+        Response::Published {
+            results: seqs
+                .iter()
+                .map(|&sequence| PublishResult::Stored { sequence })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn sequences_are_contiguous_from_one_across_single_and_batch_publishes() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["1"], 5)),
+            stored(&[1])
+        );
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["2", "3", "4"], 5)),
+            stored(&[2, 3, 4])
+        );
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["5"], 5)),
+            stored(&[5])
+        );
+        let keys: Vec<u64> = s.messages.keys().map(|(_, seq)| *seq).collect();
+        assert_eq!(keys, vec![1, 2, 3, 4, 5]);
+        assert_eq!(t.by_name["a"].current_sequence, 5);
+        assert_eq!(t.by_name["a"].message_count(), 5);
+    }
+
+    #[test]
+    fn sequences_are_per_topic() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, create("b", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["x"], 5));
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("b", &["x"], 5)),
+            stored(&[1])
+        );
+    }
+
+    #[test]
+    fn duplicate_id_reports_the_existing_sequence_and_takes_no_sequence() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["m1", "m2"], 5));
+        let r = run(&mut t, &mut s, publish_at("a", &["m1"], 5));
+        assert_eq!(
+            r,
+            Response::Published {
+                results: vec![PublishResult::Duplicate {
+                    existing_sequence: 1
+                }]
+            }
+        );
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["m3"], 5)),
+            stored(&[3])
+        );
+    }
+
+    #[test]
+    fn duplicate_inside_one_batch_is_detected() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        let r = run(&mut t, &mut s, publish_at("a", &["x", "y", "x"], 5));
+        assert_eq!(
+            r,
+            Response::Published {
+                results: vec![
+                    PublishResult::Stored { sequence: 1 },
+                    PublishResult::Stored { sequence: 2 },
+                    PublishResult::Duplicate {
+                        existing_sequence: 1
+                    },
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn create_is_idempotent_and_publish_to_missing_topic_is_not_found() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        assert_eq!(
+            run(&mut t, &mut s, create("a", Retention::default())),
+            Response::TopicCreated { created: true }
+        );
+        assert_eq!(
+            run(&mut t, &mut s, create("a", Retention::default())),
+            Response::TopicCreated { created: false }
+        );
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("nope", &["1"], 5)),
+            Response::TopicNotFound
+        );
+    }
+
+    #[test]
+    fn deleted_topic_refuses_publishes_and_revives_with_its_sequence() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
+        let id = t.by_name["a"].id;
+        assert_eq!(
+            run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }),
+            Response::TopicDeleted
+        );
+        assert_eq!(
+            run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }),
+            Response::TopicNotFound
+        );
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["3"], 5)),
+            Response::TopicNotFound
+        );
+        assert_eq!(
+            run(&mut t, &mut s, create("a", Retention::default())),
+            Response::TopicCreated { created: true }
+        );
+        assert_eq!(t.by_name["a"].id, id);
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["3"], 5)),
+            stored(&[3])
+        );
+    }
+
+    #[test]
+    fn retention_messages_keeps_the_newest_and_frees_their_ids() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        let keep_two = Retention {
+            messages: Some(2),
+            ..Default::default()
+        };
+        run(&mut t, &mut s, create("a", keep_two));
+        run(&mut t, &mut s, publish_at("a", &["1", "2", "3", "4"], 5));
+        let record = &t.by_name["a"];
+        assert_eq!(
+            (
+                record.first_sequence,
+                record.current_sequence,
+                record.message_count()
+            ),
+            (3, 4, 2)
+        );
+        assert_eq!(s.messages.len(), 2);
+        // Id "1" is no longer retained, so it is no longer a duplicate.
+        assert_eq!(
+            run(&mut t, &mut s, publish_at("a", &["1"], 5)),
+            stored(&[5])
+        );
+        assert_eq!(t.by_name["a"].first_sequence, 4);
+    }
+
+    #[test]
+    fn retention_bytes_boundary_is_inclusive() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        // Each test payload is 7 bytes; 14 bytes keeps exactly two.
+        run(
+            &mut t,
+            &mut s,
+            create(
+                "a",
+                Retention {
+                    bytes: Some(14),
+                    ..Default::default()
+                },
+            ),
+        );
+        run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
+        assert_eq!(t.by_name["a"].message_count(), 2);
+        run(&mut t, &mut s, publish_at("a", &["3"], 5));
+        assert_eq!(t.by_name["a"].message_count(), 2);
+        assert_eq!(t.by_name["a"].first_sequence, 2);
+        assert_eq!(t.by_name["a"].bytes, 14);
+    }
+
+    #[test]
+    fn retention_hours_uses_the_time_in_the_command_not_a_clock() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        let hour = 3_600_000;
+        run(
+            &mut t,
+            &mut s,
+            create(
+                "a",
+                Retention {
+                    hours: Some(1),
+                    ..Default::default()
+                },
+            ),
+        );
+        run(&mut t, &mut s, publish_at("a", &["old"], 1_000));
+        run(&mut t, &mut s, publish_at("a", &["new"], 1_000 + hour));
+        // Exactly one hour old is kept.
+        assert_eq!(t.by_name["a"].message_count(), 2);
+        run(
+            &mut t,
+            &mut s,
+            Request::Tick {
+                now_ms: 1_001 + hour,
+            },
+        );
+        assert_eq!(t.by_name["a"].first_sequence, 2);
+        run(
+            &mut t,
+            &mut s,
+            Request::Tick {
+                now_ms: 1_001 + 2 * hour,
+            },
+        );
+        let record = &t.by_name["a"];
+        assert_eq!(
+            (
+                record.first_sequence,
+                record.current_sequence,
+                record.message_count()
+            ),
+            (3, 2, 0)
+        );
+        assert!(s.messages.is_empty() && s.dedup.is_empty());
+    }
+
+    #[test]
+    fn trimming_is_bounded_per_command() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        let ids: Vec<String> = (0..TRIM_PER_COMMAND_MAX + 5)
+            .map(|i| i.to_string())
+            .collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        run(&mut t, &mut s, publish_at("a", &refs, 5));
+        t.by_name.get_mut("a").unwrap().retention = Retention {
+            messages: Some(1),
+            ..Default::default()
+        };
+        run(&mut t, &mut s, Request::Tick { now_ms: 6 });
+        // Tick only trims topics with retention_hours; a publish trims the rest.
+        run(&mut t, &mut s, publish_at("a", &["last"], 6));
+        assert_eq!(t.by_name["a"].first_sequence, 1 + TRIM_PER_COMMAND_MAX);
+        run(&mut t, &mut s, publish_at("a", &["last2"], 6));
+        assert_eq!(t.by_name["a"].message_count(), 1);
+    }
+
+    #[test]
+    fn acks_record_the_latest_cursor_clamped_to_the_topic() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["1", "2", "3"], 5));
+        let ack = |sequence| AckRecord {
+            topic: "a".into(),
+            subscriber_id: "s".into(),
+            sequence,
+        };
+        run(&mut t, &mut s, Request::Ack { acks: vec![ack(2)] });
+        assert_eq!(s.cursors[&(1, "s".to_string())], 2);
+        run(
+            &mut t,
+            &mut s,
+            Request::Ack {
+                acks: vec![ack(99)],
+            },
+        );
+        assert_eq!(s.cursors[&(1, "s".to_string())], 3);
+        run(&mut t, &mut s, Request::Ack { acks: vec![ack(1)] });
+        assert_eq!(s.cursors[&(1, "s".to_string())], 1);
+    }
+}

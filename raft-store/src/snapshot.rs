@@ -1,0 +1,165 @@
+//! The snapshot file: every state machine key and value, streamed.
+//!
+//! A snapshot is built by iterating a RocksDB point-in-time snapshot and writing each record
+//! to a file, and installed by reading that file back in bounded `WriteBatch`es. Neither side
+//! ever holds more than one batch in memory, so a snapshot may be as large as the disk allows;
+//! openraft streams the file to followers in chunks (`snapshot_max_chunk_size`).
+//!
+//! Format: the magic line `PUBSUB-SNAPSHOT-1\n`, then records
+//! `[cf: u8][key_len: u32 LE][key][value_len: u32 LE][value]`, then the byte `0xFF`.
+//! `cf` indexes [`SM_CFS`]. Node-local keys (`snapshot_meta`, `install_pending`) are not carried.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
+
+use crate::db::{cf, synced, unsynced};
+use crate::keys::{
+    INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META,
+};
+use crate::limits::SNAPSHOT_INSTALL_BATCH_RECORDS;
+use crate::typ::{LogId, SnapshotMeta, StoredMembership};
+use crate::StoreError;
+
+const MAGIC: &[u8] = b"PUBSUB-SNAPSHOT-1\n";
+const END: u8 = 0xFF;
+/// Largest key or value a snapshot record may hold: a message is at most 1 MiB of payload
+/// plus its id; anything larger is corruption.
+const RECORD_BYTES_MAX: u32 = 8 * 1024 * 1024;
+
+/// Writes the state machine as of now to `path` (fsynced). Returns the applied log id and
+/// membership the file describes, read from the same point-in-time view as the data.
+pub fn write(db: &DB, path: &Path) -> Result<(Option<LogId>, StoredMembership), StoreError> {
+    let snap = db.snapshot();
+    let meta_cf = cf(db, SM_CFS[0])?;
+    let last_applied: Option<LogId> = match snap.get_cf(meta_cf, LAST_APPLIED)? {
+        Some(bytes) => bincode::deserialize(&bytes).map_err(StoreError::decode("last_applied"))?,
+        None => None,
+    };
+    let membership: StoredMembership = match snap.get_cf(meta_cf, MEMBERSHIP)? {
+        Some(bytes) => bincode::deserialize(&bytes).map_err(StoreError::decode("membership"))?,
+        None => StoredMembership::default(),
+    };
+
+    let file = File::create(path)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    out.write_all(MAGIC)?;
+    for (index, name) in SM_CFS.iter().enumerate() {
+        let mut opts = ReadOptions::default();
+        opts.set_snapshot(&snap);
+        // A full scan: do not evict the hot tails of topics from the block cache for it.
+        opts.fill_cache(false);
+        for item in db.iterator_cf_opt(cf(db, name)?, opts, IteratorMode::Start) {
+            let (key, value) = item?;
+            if index == 0 && (&*key == SNAPSHOT_META || &*key == INSTALL_PENDING) {
+                continue;
+            }
+            out.write_all(&[index as u8])?;
+            out.write_all(&(key.len() as u32).to_le_bytes())?;
+            out.write_all(&key)?;
+            out.write_all(&(value.len() as u32).to_le_bytes())?;
+            out.write_all(&value)?;
+        }
+    }
+    out.write_all(&[END])?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok((last_applied, membership))
+}
+
+/// What is recorded before an install starts, so a crash mid-install is redone on restart.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct PendingInstall {
+    pub file_name: String,
+    pub meta: SnapshotMeta,
+}
+
+/// Replaces the state machine with the snapshot in `path`.
+///
+/// # Correctness
+/// The install is marked pending (fsynced) before anything is deleted, and the marker is
+/// removed in the same fsynced batch that writes the new `last_applied`. A crash in between
+/// leaves the marker, and [`crate::StateMachine::open`] runs the install again from the file.
+pub fn install(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreError> {
+    let meta_cf = cf(db, SM_CFS[0])?;
+    let pending = PendingInstall {
+        file_name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        meta: meta.clone(),
+    };
+    let pending = bincode::serialize(&pending).map_err(StoreError::decode("pending install"))?;
+    db.put_cf_opt(meta_cf, INSTALL_PENDING, pending, &synced())?;
+    install_pending(db, path, meta)
+}
+
+/// The part of [`install`] that is redone after a crash.
+pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreError> {
+    let meta_cf = cf(db, SM_CFS[0])?;
+    let mut clear = WriteBatch::default();
+    for key in [LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID] {
+        clear.delete_cf(meta_cf, key);
+    }
+    for name in &SM_CFS[1..] {
+        clear.delete_range_cf(cf(db, name)?, [].as_slice(), KEY_MAX.as_slice());
+    }
+    db.write_opt(clear, &unsynced())?;
+
+    let mut input = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let mut magic = [0u8; MAGIC.len()];
+    input.read_exact(&mut magic)?;
+    if magic != MAGIC {
+        return Err(StoreError::Corrupt(format!(
+            "{} is not a snapshot file",
+            path.display()
+        )));
+    }
+    let mut batch = WriteBatch::default();
+    loop {
+        let mut tag = [0u8; 1];
+        input.read_exact(&mut tag)?;
+        if tag[0] == END {
+            break;
+        }
+        let name = SM_CFS.get(tag[0] as usize).ok_or_else(|| {
+            StoreError::Corrupt(format!("snapshot record for column family {}", tag[0]))
+        })?;
+        let key = read_field(&mut input)?;
+        let value = read_field(&mut input)?;
+        if tag[0] == 0 && (key == SNAPSHOT_META || key == INSTALL_PENDING) {
+            continue;
+        }
+        batch.put_cf(cf(db, name)?, key, value);
+        if batch.len() >= SNAPSHOT_INSTALL_BATCH_RECORDS {
+            db.write_opt(std::mem::take(&mut batch), &unsynced())?;
+        }
+    }
+    batch.put_cf(meta_cf, LAST_APPLIED, encode(&meta.last_log_id)?);
+    batch.put_cf(meta_cf, MEMBERSHIP, encode(&meta.last_membership)?);
+    batch.put_cf(meta_cf, SNAPSHOT_META, encode(meta)?);
+    batch.delete_cf(meta_cf, INSTALL_PENDING);
+    db.write_opt(batch, &synced())?;
+    Ok(())
+}
+
+fn read_field(input: &mut impl Read) -> Result<Vec<u8>, StoreError> {
+    let mut len = [0u8; 4];
+    input.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > RECORD_BYTES_MAX {
+        return Err(StoreError::Corrupt(format!(
+            "snapshot record of {len} bytes"
+        )));
+    }
+    let mut buf = vec![0u8; len as usize];
+    input.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// bincode for the few meta values written here.
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    bincode::serialize(value).map_err(StoreError::decode("meta"))
+}

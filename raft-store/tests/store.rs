@@ -1,0 +1,249 @@
+//! The store across restarts and crashes: what a database engineer checks before trusting it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use bytes::Bytes;
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftLogReader};
+use raft_store::typ::Entry;
+use raft_store::{NewMessage, Request, Response, Retention};
+
+fn entry(index: u64, request: Request) -> Entry {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(request),
+    }
+}
+
+fn create(topic: &str) -> Request {
+    Request::CreateTopic {
+        topic: topic.into(),
+        metadata: Some(r#"{"k":1}"#.into()),
+        retention: Retention::default(),
+        now_ms: 5,
+    }
+}
+
+fn publish(topic: &str, id: &str) -> Request {
+    let m = NewMessage {
+        id: id.into(),
+        timestamp: 9,
+        payload: Bytes::from(format!("{{\"id\":\"{id}\"}}")),
+    };
+    Request::Publish {
+        topic: topic.into(),
+        messages: vec![m],
+        now_ms: 10,
+    }
+}
+
+/// What the state machine serves: every topic record and its messages.
+fn dump(reader: &raft_store::StoreReader) -> Vec<(raft_store::TopicRecord, Vec<(u64, String)>)> {
+    reader
+        .active_topics()
+        .into_iter()
+        .map(|t| {
+            let messages = reader
+                .read_messages(t.id, 0, 1000)
+                .unwrap()
+                .into_iter()
+                .map(|(s, m)| (s, m.id))
+                .collect();
+            (t, messages)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn restart_from_disk_gives_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = {
+        let mut store = raft_store::open(dir.path()).unwrap();
+        let mut entries = vec![entry(1, create("a")), entry(2, create("b"))];
+        for i in 0..50 {
+            entries.push(entry(
+                3 + i,
+                publish(if i % 2 == 0 { "a" } else { "b" }, &format!("m{i}")),
+            ));
+        }
+        store
+            .log_store
+            .blocking_append(entries.clone())
+            .await
+            .unwrap();
+        store.state_machine.apply(entries).await.unwrap();
+        (
+            dump(&store.reader),
+            store.state_machine.applied_state().await.unwrap(),
+        )
+    };
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(dump(&store.reader), before.0);
+    assert_eq!(store.state_machine.applied_state().await.unwrap(), before.1);
+    let logs = store
+        .log_store
+        .get_log_reader()
+        .await
+        .try_get_log_entries(1..53)
+        .await
+        .unwrap();
+    assert_eq!(logs.len(), 52);
+    // The next publish continues the sequence.
+    let r = store
+        .state_machine
+        .apply([entry(53, publish("a", "next"))])
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![Response::Published {
+            results: vec![raft_store::PublishResult::Stored { sequence: 26 }]
+        }]
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut leader = raft_store::open(leader_dir.path()).unwrap();
+    let mut entries = vec![entry(1, create("a"))];
+    for i in 0..300 {
+        entries.push(entry(2 + i, publish("a", &format!("m{i}"))));
+    }
+    leader.state_machine.apply(entries).await.unwrap();
+    let snapshot = leader
+        .state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(301));
+
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    follower
+        .state_machine
+        .apply([entry(1, create("stale"))])
+        .await
+        .unwrap();
+    follower
+        .state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        dump(&follower.reader),
+        dump(&leader.reader),
+        "the follower now holds exactly the leader's state"
+    );
+    assert!(follower.reader.topic("stale").is_none());
+    let current = follower
+        .state_machine
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(current.meta, snapshot.meta);
+    // Dedup survived: publishing an old id is a duplicate on the follower too.
+    let r = follower
+        .state_machine
+        .apply([entry(302, publish("a", "m7"))])
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![Response::Published {
+            results: vec![raft_store::PublishResult::Duplicate {
+                existing_sequence: 8
+            }]
+        }]
+    );
+    drop(follower);
+    let reopened = raft_store::open(follower_dir.path()).unwrap();
+    assert_eq!(dump(&reopened.reader), dump(&leader.reader));
+}
+
+/// Run as a child process by `a_crash_mid_write_leaves_a_consistent_store`: appends and
+/// applies one publish per entry forever, printing each index once its append is durable.
+#[tokio::test]
+async fn crash_child_writer() {
+    let Ok(dir) = std::env::var("STORE_CRASH_CHILD_DIR") else {
+        return;
+    };
+    let mut store = raft_store::open(std::path::Path::new(&dir)).unwrap();
+    let first = entry(1, create("t"));
+    store
+        .log_store
+        .blocking_append([first.clone()])
+        .await
+        .unwrap();
+    store.state_machine.apply([first]).await.unwrap();
+    for index in 2.. {
+        let e = entry(index, publish("t", &format!("m{index}")));
+        store.log_store.blocking_append([e.clone()]).await.unwrap();
+        println!("durable {index}");
+        store.state_machine.apply([e]).await.unwrap();
+    }
+}
+
+#[test]
+fn a_crash_mid_write_leaves_a_consistent_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child_writer",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("STORE_CRASH_CHILD_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut durable = 0u64;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while durable < 300 {
+        let Some(Ok(line)) = lines.next() else { break };
+        if let Some(n) = line.strip_prefix("durable ") {
+            durable = n.parse().unwrap();
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(durable >= 300, "the child wrote too little before the kill");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut store = raft_store::open(dir.path()).unwrap();
+        // Every append reported durable is in the log.
+        let log = store
+            .log_store
+            .get_log_reader()
+            .await
+            .try_get_log_entries(1..=durable)
+            .await
+            .unwrap();
+        assert_eq!(log.len() as u64, durable);
+        // The state machine is exactly a prefix of the log: its last_applied matches its data.
+        let (applied, _) = store.state_machine.applied_state().await.unwrap();
+        let applied = applied.map(|l| l.index).unwrap_or(0);
+        let topic = store.reader.topic("t").expect("topic t");
+        assert_eq!(
+            topic.current_sequence,
+            applied - 1,
+            "one message per entry after the create"
+        );
+        let messages = store.reader.read_messages(topic.id, 0, 1000).unwrap();
+        let expected: Vec<u64> = (1..=topic.current_sequence.min(1000)).collect();
+        assert_eq!(
+            messages.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            expected
+        );
+        for (seq, m) in &messages {
+            assert_eq!(m.id, format!("m{}", seq + 1));
+            assert_eq!(store.reader.dedup(topic.id, &m.id).unwrap(), Some(*seq));
+        }
+    });
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test of the project: unit tests, openraft's storage suite, multi-process
+# cluster tests, the deterministic simulation and the Docker fault tests.
+# It installs what it needs (libclang for RocksDB's bindings, busybox for the image) and
+# fails loudly on the first failing test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# One warm build directory outside the clone, shared by every checkout on this machine.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pubsub-raft/target}"
+mkdir -p "$CARGO_TARGET_DIR"
+
+need_apt=()
+ldconfig -p 2>/dev/null | grep -q 'libclang' || need_apt+=(libclang-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "==> installing ${need_apt[*]}"
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+echo "==> building (release: one profile for binaries, tests and benches)"
+cargo build --release --workspace --bins --tests
+
+if docker info >/dev/null 2>&1; then
+  echo "==> building the Docker image for the fault tests"
+  deploy/cluster.sh build
+else
+  echo "==> no Docker engine: the Docker fault tests will be skipped"
+fi
+
+echo "==> running the tests"
+cargo test --release --workspace

@@ -1,0 +1,325 @@
+//! Faults against real 3-node clusters: leader kill -9 under load, restarts of one node and
+//! of the whole cluster, catch-up by snapshot, subscriptions across a leader change, and a
+//! clean SIGTERM.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use pubsub_tests::http::{get, post, post_raw};
+use pubsub_tests::{publish_retrying, read_all, wait_until, Cluster, Options};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// Every node serves the same (sequence → id) list, with sequences 1..=n contiguous, and it
+/// holds every acknowledged id exactly once at its acknowledged sequence.
+async fn assert_converged(
+    c: &Cluster,
+    topic: &str,
+    acked: &HashMap<String, u64>,
+) -> Vec<(u64, String)> {
+    let running: Vec<usize> = (0..c.nodes.len()).filter(|&i| c.running(i)).collect();
+    let urls = c.urls();
+    wait_until("all nodes serve the same log", CONVERGE, || async {
+        let mut lists = Vec::new();
+        for &i in &running {
+            lists.push(read_all(&urls[i], topic).await?);
+        }
+        let first = lists[0].clone();
+        (lists.iter().all(|l| *l == first) && acked.values().all(|s| first.len() as u64 >= *s))
+            .then_some(())
+    })
+    .await;
+    let log = read_all(&urls[running[0]], topic).await.expect("read log");
+    for (i, (seq, _)) in log.iter().enumerate() {
+        assert_eq!(*seq, i as u64 + 1, "sequences are contiguous from 1");
+    }
+    let mut seen = HashSet::new();
+    for (_, id) in &log {
+        assert!(seen.insert(id.clone()), "id {id} appears twice");
+    }
+    for (id, seq) in acked {
+        assert_eq!(
+            log.get(*seq as usize - 1).map(|(_, i)| i),
+            Some(id),
+            "acked {id} is at sequence {seq}"
+        );
+    }
+    log
+}
+
+async fn create_topic(c: &Cluster, topic: &str) {
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let r = post_raw(&format!("{l}/topics/{topic}"), "").await.unwrap();
+    assert!(r.status == 201 || r.status == 200, "{r:?}");
+}
+
+/// Runs `publishers` tasks publishing unique ids until `stop` is set; returns the acked map.
+fn spawn_load(
+    c: &Cluster,
+    topic: &str,
+    publishers: usize,
+) -> (
+    Arc<Mutex<HashMap<String, u64>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks = (0..publishers)
+        .map(|p| {
+            let (urls, topic, acked, stop) =
+                (c.urls(), topic.to_string(), acked.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = format!("p{p}-{n}");
+                    if let Some(seq) =
+                        publish_retrying(&urls, &topic, &id, &json!({"p": p, "n": n}), CONVERGE)
+                            .await
+                    {
+                        acked.lock().unwrap().insert(id, seq);
+                    }
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    (acked, stop, tasks)
+}
+
+async fn wait_acks(acked: &Arc<Mutex<HashMap<String, u64>>>, at_least: usize) {
+    wait_until("publishes acknowledged", CONVERGE, || async {
+        (acked.lock().unwrap().len() >= at_least).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_loses_no_acked_publish() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let (acked, stop, tasks) = spawn_load(&c, "t", 4);
+    wait_acks(&acked, 50).await;
+
+    let old = c.wait_leader(CONVERGE).await;
+    c.kill(old);
+    let killed_at = std::time::Instant::now();
+    let new = c.wait_leader(CONVERGE).await;
+    assert_ne!(new, old);
+    // Election timeout is 500–1000 ms here; allow generous scheduling slack.
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(10),
+        "new leader took {:?}",
+        killed_at.elapsed()
+    );
+    let before = acked.lock().unwrap().len();
+    wait_acks(&acked, before + 50).await;
+
+    c.restart(old);
+    wait_acks(&acked, before + 100).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert_converged(&c, "t", &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let mut acked = HashMap::new();
+    for i in 0..30 {
+        let id = format!("m{i}");
+        acked.insert(
+            id.clone(),
+            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
+                .await
+                .expect("acked"),
+        );
+    }
+    // One follower restarts (SIGTERM: clean exit code 0).
+    let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
+    assert_eq!(c.terminate(follower), Some(0));
+    c.restart(follower);
+    for i in 30..40 {
+        let id = format!("m{i}");
+        acked.insert(
+            id.clone(),
+            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
+                .await
+                .expect("acked"),
+        );
+    }
+    assert_converged(&c, "t", &acked).await;
+
+    // The whole cluster, killed without warning.
+    for i in 0..3 {
+        c.kill(i);
+    }
+    for i in 0..3 {
+        c.restart(i);
+    }
+    c.wait_leader(CONVERGE).await;
+    let log = assert_converged(&c, "t", &acked).await;
+    assert_eq!(log.len(), 40);
+    let id = "after-restart".to_string();
+    let seq = publish_retrying(&c.urls(), "t", &id, &json!(1), CONVERGE)
+        .await
+        .expect("acked");
+    assert_eq!(seq, 41);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
+    let mut c = Cluster::start(Options {
+        snapshot_logs: Some(100),
+        ..Default::default()
+    })
+    .await;
+    create_topic(&c, "t").await;
+    let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
+    c.kill(follower);
+    let mut acked = HashMap::new();
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    for b in 0..30 {
+        // 30 batches plus 300 single publishes: far more entries than the log keeps.
+        let batch: Vec<Value> = (0..10)
+            .map(|i| json!({"id": format!("b{b}-{i}"), "payload": i}))
+            .collect();
+        let r = post(
+            &format!("{l}/topics/t/messages/batch"),
+            &json!({"messages": batch}),
+        )
+        .await
+        .unwrap();
+        for res in r.body["results"].as_array().unwrap() {
+            acked.insert(
+                res["id"].as_str().unwrap().to_string(),
+                res["sequence"].as_u64().unwrap(),
+            );
+        }
+        for i in 0..10 {
+            let id = format!("s{b}-{i}");
+            acked.insert(
+                id.clone(),
+                publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
+                    .await
+                    .expect("acked"),
+            );
+        }
+    }
+    c.restart(follower);
+    assert_converged(&c, "t", &acked).await;
+    let log = std::fs::read_to_string(c.dir().join(format!("node-{}.log", follower + 1))).unwrap();
+    assert!(
+        log.contains("installed snapshot"),
+        "the follower caught up without a snapshot:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let follower = (leader + 1) % 3;
+    let ws_url = format!(
+        "ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0",
+        c.nodes[follower].addr
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        let id = format!("a{i}");
+        acked.insert(
+            id.clone(),
+            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
+                .await
+                .unwrap(),
+        );
+    }
+    c.kill(leader);
+    for i in 0..10 {
+        let id = format!("b{i}");
+        acked.insert(
+            id.clone(),
+            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut sequences = Vec::new();
+    let mut saw_leader_change = false;
+    while sequences.len() < 20 {
+        let msg = tokio::time::timeout(CONVERGE, ws.next())
+            .await
+            .expect("frame")
+            .unwrap()
+            .unwrap();
+        let Message::Text(text) = msg else { continue };
+        let frame: Value = serde_json::from_str(&text).unwrap();
+        match frame["type"].as_str() {
+            Some("message") => sequences.push(frame["sequence"].as_u64().unwrap()),
+            _ if frame["subtype"] == "leader_change" => {
+                saw_leader_change = true;
+                assert!(frame["new_leader"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("127.0.0.1:"));
+                assert!(frame["new_leader_id"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("node-"));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        sequences,
+        (1..=20).collect::<Vec<u64>>(),
+        "no gap, no duplicate, in order"
+    );
+    assert!(saw_leader_change, "a leader_change frame was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
+    let mut c = Cluster::start(Options {
+        nodes: 1,
+        ..Default::default()
+    })
+    .await;
+    create_topic(&c, "t").await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!(
+        "ws://{}/topics/t/subscribe?subscriber_id=s",
+        c.nodes[0].addr
+    ))
+    .await
+    .unwrap();
+    let _subscribed = ws.next().await;
+    let exit = tokio::task::spawn_blocking(move || {
+        let code = c.terminate(0);
+        (c, code)
+    });
+    let close = loop {
+        match tokio::time::timeout(CONVERGE, ws.next())
+            .await
+            .expect("close in time")
+        {
+            Some(Ok(Message::Close(frame))) => break frame.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(close, Some(1001));
+    let (_c, code) = exit.await.unwrap();
+    assert_eq!(code, Some(0));
+    let _ = get("http://127.0.0.1:1/").await;
+}

@@ -1,0 +1,311 @@
+//! A checker for what clients observed of the cluster: the same rules for the multi-process
+//! tests, the Docker fault tests and the simulation.
+//!
+//! It is given the acknowledged publishes, each node's final (sequence → id) log, and the
+//! sequences each subscriber connection received, and reports every violation of:
+//! - every acknowledged publish is present exactly once, at the sequence it was acknowledged with;
+//! - every node serves the same (sequence → id) order (no fork);
+//! - sequences are contiguous from the first retained one;
+//! - no subscriber connection saw a gap (without a `messages_expired` notice) or a duplicate,
+//!   and what it saw matches the log.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// What happened, as seen from outside.
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    /// Acknowledged publishes: id → sequence in the ack.
+    pub acked: BTreeMap<String, u64>,
+    /// Each node's log after healing: node name → [(sequence, id)] in order.
+    pub logs: BTreeMap<String, Vec<(u64, String)>>,
+    /// Each subscriber connection's observations, in order of arrival.
+    pub subscriptions: Vec<SubscriberRun>,
+}
+
+/// One subscriber connection.
+#[derive(Debug, Default, Clone)]
+pub struct SubscriberRun {
+    pub name: String,
+    /// The effective cursor of the `subscribed` frame.
+    pub cursor: u64,
+    pub events: Vec<Observed>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    Message {
+        sequence: u64,
+        id: String,
+    },
+    /// `messages_expired`: delivery continues at `first_available`.
+    Expired {
+        first_available: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    LostWrite {
+        id: String,
+        acked_sequence: u64,
+        found: Option<u64>,
+    },
+    DuplicateId {
+        id: String,
+        sequences: Vec<u64>,
+    },
+    Fork {
+        node: String,
+        other: String,
+        sequence: u64,
+    },
+    NotContiguous {
+        node: String,
+        after: u64,
+        next: u64,
+    },
+    SubscriberGap {
+        subscription: String,
+        after: u64,
+        next: u64,
+    },
+    SubscriberDuplicate {
+        subscription: String,
+        sequence: u64,
+    },
+    SubscriberMismatch {
+        subscription: String,
+        sequence: u64,
+        saw: String,
+        log: String,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl History {
+    /// Every violation found (empty when the history is correct).
+    pub fn check(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        let reference = self.logs.iter().max_by_key(|(_, log)| log.len());
+        for (node, log) in &self.logs {
+            for pair in log.windows(2) {
+                if pair[1].0 != pair[0].0 + 1 {
+                    out.push(Violation::NotContiguous {
+                        node: node.clone(),
+                        after: pair[0].0,
+                        next: pair[1].0,
+                    });
+                }
+            }
+            if let Some((other, longest)) = reference {
+                let by_seq: HashMap<u64, &String> =
+                    longest.iter().map(|(s, id)| (*s, id)).collect();
+                if let Some((seq, _)) = log
+                    .iter()
+                    .find(|(s, id)| by_seq.get(s).is_some_and(|o| *o != id))
+                {
+                    out.push(Violation::Fork {
+                        node: node.clone(),
+                        other: other.clone(),
+                        sequence: *seq,
+                    });
+                }
+            }
+        }
+        if let Some((_, log)) = reference {
+            let mut positions: HashMap<&str, Vec<u64>> = HashMap::new();
+            for (seq, id) in log {
+                positions.entry(id).or_default().push(*seq);
+            }
+            for (id, seqs) in &positions {
+                if seqs.len() > 1 {
+                    out.push(Violation::DuplicateId {
+                        id: id.to_string(),
+                        sequences: seqs.clone(),
+                    });
+                }
+            }
+            for (id, acked) in &self.acked {
+                let found = positions.get(id.as_str()).and_then(|s| s.first().copied());
+                if found != Some(*acked) {
+                    out.push(Violation::LostWrite {
+                        id: id.clone(),
+                        acked_sequence: *acked,
+                        found,
+                    });
+                }
+            }
+            let by_seq: HashMap<u64, &String> = log.iter().map(|(s, id)| (*s, id)).collect();
+            for run in &self.subscriptions {
+                let mut last = run.cursor;
+                for event in &run.events {
+                    match event {
+                        Observed::Expired { first_available } => {
+                            last = last.max(first_available.saturating_sub(1))
+                        }
+                        Observed::Message { sequence, id } => {
+                            if *sequence <= last {
+                                out.push(Violation::SubscriberDuplicate {
+                                    subscription: run.name.clone(),
+                                    sequence: *sequence,
+                                });
+                            } else if *sequence != last + 1 {
+                                out.push(Violation::SubscriberGap {
+                                    subscription: run.name.clone(),
+                                    after: last,
+                                    next: *sequence,
+                                });
+                            }
+                            if let Some(logged) = by_seq.get(sequence) {
+                                if *logged != id {
+                                    out.push(Violation::SubscriberMismatch {
+                                        subscription: run.name.clone(),
+                                        sequence: *sequence,
+                                        saw: id.clone(),
+                                        log: (*logged).clone(),
+                                    });
+                                }
+                            }
+                            last = last.max(*sequence);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(ids: &[&str]) -> Vec<(u64, String)> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| (i as u64 + 1, id.to_string()))
+            .collect()
+    }
+
+    fn good() -> History {
+        let mut h = History::default();
+        h.acked.insert("a".into(), 1);
+        h.acked.insert("b".into(), 2);
+        h.logs.insert("n1".into(), log(&["a", "b", "c"]));
+        h.logs.insert("n2".into(), log(&["a", "b", "c"]));
+        h.subscriptions.push(SubscriberRun {
+            name: "s".into(),
+            cursor: 0,
+            events: vec![
+                Observed::Message {
+                    sequence: 1,
+                    id: "a".into(),
+                },
+                Observed::Message {
+                    sequence: 2,
+                    id: "b".into(),
+                },
+            ],
+        });
+        h
+    }
+
+    #[test]
+    fn a_correct_history_has_no_violation() {
+        assert_eq!(good().check(), vec![]);
+    }
+
+    #[test]
+    fn a_lost_write_is_reported() {
+        let mut h = good();
+        h.acked.insert("z".into(), 3);
+        assert!(h.check().contains(&Violation::LostWrite {
+            id: "z".into(),
+            acked_sequence: 3,
+            found: None
+        }));
+    }
+
+    #[test]
+    fn a_fork_is_reported() {
+        let mut h = good();
+        h.logs.insert("n2".into(), log(&["a", "x", "c"]));
+        assert!(
+            h.check()
+                .iter()
+                .any(|v| matches!(v, Violation::Fork { sequence: 2, .. })),
+            "{:?}",
+            h.check()
+        );
+    }
+
+    #[test]
+    fn a_subscriber_gap_and_duplicate_are_reported_but_an_announced_expiry_is_not() {
+        let mut h = good();
+        h.subscriptions[0].events.push(Observed::Message {
+            sequence: 2,
+            id: "b".into(),
+        });
+        h.subscriptions.push(SubscriberRun {
+            name: "gap".into(),
+            cursor: 0,
+            events: vec![
+                Observed::Message {
+                    sequence: 1,
+                    id: "a".into(),
+                },
+                Observed::Message {
+                    sequence: 3,
+                    id: "c".into(),
+                },
+            ],
+        });
+        h.subscriptions.push(SubscriberRun {
+            name: "expired".into(),
+            cursor: 0,
+            events: vec![
+                Observed::Expired { first_available: 3 },
+                Observed::Message {
+                    sequence: 3,
+                    id: "c".into(),
+                },
+            ],
+        });
+        let v = h.check();
+        assert!(v.contains(&Violation::SubscriberDuplicate {
+            subscription: "s".into(),
+            sequence: 2
+        }));
+        assert!(v.contains(&Violation::SubscriberGap {
+            subscription: "gap".into(),
+            after: 1,
+            next: 3
+        }));
+        assert_eq!(v.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn a_hole_in_a_log_and_a_duplicated_id_are_reported() {
+        let mut h = good();
+        h.logs.insert(
+            "n1".into(),
+            vec![(1, "a".into()), (2, "b".into()), (4, "b".into())],
+        );
+        let v = h.check();
+        assert!(v.iter().any(|v| matches!(
+            v,
+            Violation::NotContiguous {
+                after: 2,
+                next: 4,
+                ..
+            }
+        )));
+        assert!(v.iter().any(|v| matches!(v, Violation::DuplicateId { .. })));
+    }
+}

@@ -1,0 +1,329 @@
+//! Test harness: real `pubsub-node` processes on 127.0.0.1 with free ports and temp data dirs.
+//!
+//! # Layout
+//! - [`Cluster`]: start N nodes, find the leader, kill / terminate / restart nodes.
+//! - [`http`]: a small HTTP helper (no redirect following) for asserting on raw responses.
+//! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+
+pub mod history;
+pub mod http;
+pub mod sim;
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `pubsub-node` binary: `PUBSUB_NODE_BIN`, else next to this test's `deps/` directory.
+pub fn node_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("PUBSUB_NODE_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("pubsub-node");
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build --release --bins` first",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// One node process.
+pub struct NodeProc {
+    pub id: u64,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// Options for a test cluster.
+#[derive(Clone)]
+pub struct Options {
+    pub nodes: usize,
+    pub secret: Option<String>,
+    /// `--snapshot-logs`: small values make followers catch up by snapshot.
+    pub snapshot_logs: Option<u64>,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            secret: Some("test-secret".into()),
+            snapshot_logs: None,
+            heartbeat_ms: 50,
+            election_timeout_ms: 500,
+        }
+    }
+}
+
+/// A cluster of real processes; killed when dropped.
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    peers: String,
+    options: Options,
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts a cluster and waits until a leader is elected and every node knows it.
+    pub async fn start(options: Options) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("pubsub-test-")
+            .tempdir()
+            .expect("temp dir");
+        let ports: Vec<u16> = (0..options.nodes).map(|_| free_port()).collect();
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| NodeProc {
+                id: i as u64 + 1,
+                addr: format!("127.0.0.1:{port}"),
+                data_dir: dir.path().join(format!("node-{}", i + 1)),
+                log: dir.path().join(format!("node-{}.log", i + 1)),
+                child: None,
+            })
+            .collect();
+        let mut cluster = Cluster {
+            nodes,
+            peers,
+            options,
+            dir,
+        };
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i);
+        }
+        cluster.wait_leader(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .expect("log file");
+        let mut cmd = Command::new(node_binary());
+        cmd.arg("--id")
+            .arg(node.id.to_string())
+            .arg("--listen")
+            .arg(&node.addr)
+            .arg("--peers")
+            .arg(&self.peers)
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .arg("--heartbeat-ms")
+            .arg(self.options.heartbeat_ms.to_string())
+            .arg("--election-timeout-ms")
+            .arg(self.options.election_timeout_ms.to_string())
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log));
+        if let Some(secret) = &self.options.secret {
+            cmd.arg("--cluster-secret").arg(secret);
+        }
+        if let Some(n) = self.options.snapshot_logs {
+            cmd.arg("--snapshot-logs").arg(n.to_string());
+        }
+        node.child = Some(cmd.spawn().expect("spawn pubsub-node"));
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("http://{}", self.nodes[i].addr)
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.nodes.len()).map(|i| self.url(i)).collect()
+    }
+
+    pub fn running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    /// `GET /cluster` on node `i`.
+    pub async fn cluster_info(&self, i: usize) -> Option<Value> {
+        http::get_json(&format!("{}/cluster", self.url(i)))
+            .await
+            .ok()
+            .map(|(_, v)| v)
+    }
+
+    /// Index of the leader as every running node sees it (they must agree).
+    pub async fn wait_leader(&self, timeout: Duration) -> usize {
+        wait_until("a leader all running nodes agree on", timeout, || async {
+            let mut leader = None;
+            for i in (0..self.nodes.len()).filter(|&i| self.running(i)) {
+                let info = self.cluster_info(i).await?;
+                let id = info["leader_id"].as_str()?.to_string();
+                if leader.get_or_insert(id.clone()) != &id {
+                    return None;
+                }
+            }
+            let id: u64 = leader?.trim_start_matches("node-").parse().ok()?;
+            let i = self.nodes.iter().position(|n| n.id == id)?;
+            self.running(i).then_some(i)
+        })
+        .await
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and wait for a clean exit. Returns the exit code.
+    pub fn terminate(&mut self, i: usize) -> Option<i32> {
+        let mut child = self.nodes[i].child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        for _ in 0..500 {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok().and_then(|s| s.code())
+    }
+
+    /// Starts node `i` again on the same address and data dir.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "node {i} is running");
+        self.spawn(i);
+    }
+
+    /// The last lines of every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for node in &self.nodes {
+            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            out.push_str(&format!("--- node-{} ---\n{}\n", node.id, tail.join("\n")));
+        }
+        out
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// Publishes `payload` with `id`, following redirects and retrying with the same id on
+/// transient failures (503, 504, 500, connection errors), up to `timeout`. Returns the
+/// sequence once acknowledged (a 409 on a retry is the acknowledgement of an earlier try).
+pub async fn publish_retrying(
+    urls: &[String],
+    topic: &str,
+    id: &str,
+    payload: &Value,
+    timeout: Duration,
+) -> Option<u64> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let body = serde_json::json!({"id": id, "payload": payload});
+    let mut target = urls[0].clone();
+    let mut attempt = 0usize;
+    while tokio::time::Instant::now() < deadline {
+        attempt += 1;
+        match http::post(&format!("{target}/topics/{topic}/messages"), &body).await {
+            Ok(r) if r.status == 201 => return r.body["sequence"].as_u64(),
+            Ok(r) if r.status == 409 => {
+                if let Some(seq) = r.body["existing_sequence"].as_u64() {
+                    return Some(seq);
+                }
+                // The first try is still in flight: ask again shortly.
+            }
+            Ok(r) if r.status == 307 => {
+                if let Some(addr) = r.body["leader_address"].as_str() {
+                    target = format!("http://{addr}");
+                    continue;
+                }
+            }
+            _ => target = urls[attempt % urls.len()].clone(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Every message of `topic` as node `url` serves it: (sequence, id) in order.
+pub async fn read_all(url: &str, topic: &str) -> Option<Vec<(u64, String)>> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let (status, body) = http::get_json(&format!(
+            "{url}/topics/{topic}/messages?after={after}&limit=1000"
+        ))
+        .await
+        .ok()?;
+        if status != 200 {
+            return None;
+        }
+        let messages = body["messages"].as_array()?;
+        if messages.is_empty() {
+            return Some(out);
+        }
+        for m in messages {
+            let seq = m["sequence"].as_u64()?;
+            out.push((seq, m["id"].as_str()?.to_string()));
+            after = seq;
+        }
+    }
+}
