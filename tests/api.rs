@@ -532,7 +532,7 @@ async fn retention_trims_and_subscribers_are_told() {
     )
     .await
     .unwrap();
-    assert_eq!(r.status, 200, "an existing topic is not changed");
+    assert_eq!(r.status, 400, "bad metadata is refused even for an existing topic");
     let r = post(
         &format!("{l}/topics/r2"),
         &json!({"metadata": {"retention_hours": -1}}),

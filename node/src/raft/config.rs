@@ -22,7 +22,7 @@ pub fn raft_config(
         max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT.min(snapshot_logs),
         replication_lag_threshold: snapshot_logs + LOGS_KEPT_AFTER_SNAPSHOT,
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
-        purge_batch_size: 256,
+        purge_batch_size: snapshot_logs.min(256),
         ..Default::default()
     };
     config.validate()
