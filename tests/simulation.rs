@@ -276,6 +276,8 @@ fn run(s: &Scenario) -> Result<History, String> {
                         if let Some(seq) = publish(nodes, &id, n, &leader_hint).await {
                             history.lock().unwrap().acked.insert(id, seq);
                         }
+                        // Paced, so the workload spans many faults.
+                        tokio::time::sleep(Duration::from_millis(40)).await;
                     }
                     if remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
                         let max = history
@@ -310,7 +312,7 @@ fn run(s: &Scenario) -> Result<History, String> {
     let mut rng = StdRng::seed_from_u64(s.seed ^ 0x5eed);
     let mut down: Vec<(usize, Duration)> = Vec::new();
     let mut cut: Option<(usize, Duration)> = None;
-    let mut next_fault = Duration::from_secs(3);
+    let mut next_fault = Duration::from_secs(1);
     let mut trace = Vec::new();
     loop {
         let finished = sim
@@ -356,7 +358,7 @@ fn run(s: &Scenario) -> Result<History, String> {
                 trace.push(format!("{now:?} crash {} until {until:?}", host(victim)));
                 down.push((victim, until));
             }
-            6..=11 if cut.is_none() && down.is_empty() => {
+            10..=21 if cut.is_none() && down.is_empty() => {
                 for j in (0..s.nodes).filter(|&j| j != victim) {
                     if rng.gen_bool(0.25) {
                         sim.partition_oneway(host(victim), host(j));
@@ -368,12 +370,12 @@ fn run(s: &Scenario) -> Result<History, String> {
                 trace.push(format!("{now:?} cut {} until {until:?}", host(victim)));
                 cut = Some((victim, until));
             }
-            12..=13 => {
+            22..=24 => {
                 let jump = rng.gen_range(-3_600_000i64..3_600_000);
                 offsets[victim].fetch_add(jump, Ordering::Relaxed);
                 trace.push(format!("{now:?} clock {} {jump:+}ms", host(victim)));
             }
-            14..=16 => {
+            25..=28 => {
                 let ms = rng.gen_range(1..60);
                 sim.set_max_message_latency(Duration::from_millis(ms));
                 trace.push(format!("{now:?} latency up to {ms}ms"));
@@ -435,6 +437,7 @@ fn run(s: &Scenario) -> Result<History, String> {
             s.messages
         ));
     }
+    eprintln!("seed {}: {} faults: {}", s.seed, trace.len(), trace.join(", "));
     Ok(history)
 }
 
@@ -442,7 +445,7 @@ fn scenario(seed: u64, nodes: usize) -> Scenario {
     Scenario {
         seed,
         nodes,
-        messages: 120,
+        messages: 300,
         publishers: 3,
         subscribers: 2,
     }
