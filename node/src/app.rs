@@ -32,6 +32,8 @@ pub struct App {
     pub peers: Arc<PeerPool>,
     pub metrics: Metrics,
     pub acks: AckCoalescer,
+    /// Serialized message frames shared by the subscribers of each topic.
+    pub frames: crate::subscribe::cache::FrameCache,
     /// (topic, id) of single publishes proposed on this node and not yet answered: a second
     /// publish of the same id meanwhile is a duplicate even though it has no sequence yet.
     pub inflight: Mutex<HashSet<(String, String)>>,

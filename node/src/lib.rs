@@ -99,6 +99,7 @@ where
         peers,
         metrics: Default::default(),
         acks: Default::default(),
+        frames: Default::default(),
         inflight: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
         subscriptions: AtomicUsize::new(0),

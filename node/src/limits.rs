@@ -34,6 +34,12 @@ pub const READ_WAIT_MS_MAX: u64 = 30_000;
 /// Messages a subscription reads from storage per page: bounds its memory.
 pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
 
+/// Serialized frames kept per topic for subscribers to share, by count and bytes, and topics
+/// with such a ring at once.
+pub const FRAME_CACHE_FRAMES_PER_TOPIC: usize = 4096;
+pub const FRAME_CACHE_BYTES_PER_TOPIC: usize = 8 * 1024 * 1024;
+pub const FRAME_CACHE_TOPICS_MAX: usize = 1024;
+
 /// How often a subscription pings an idle client, and how long it waits for any frame
 /// (pong, ack) before it drops the connection as dead.
 pub const SUBSCRIBE_PING_INTERVAL: Duration = Duration::from_secs(15);

@@ -135,7 +135,10 @@ async fn listen(
 }
 
 /// Sends `text` frames, giving up on a client that does not read for the idle timeout.
-async fn send_all(sink: &mut Sink, texts: impl IntoIterator<Item = String>) -> Result<(), End> {
+async fn send_all<T: Into<Utf8Bytes>>(
+    sink: &mut Sink,
+    texts: impl IntoIterator<Item = T>,
+) -> Result<(), End> {
     let send = async {
         for text in texts {
             sink.feed(Message::Text(text.into())).await?;
@@ -195,30 +198,45 @@ async fn serve_inner(
             cursor = signal.first_sequence - 1;
         }
         if cursor < signal.current_sequence {
-            let page = app
-                .reader
-                .read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES)
-                .map_err(|e| {
-                    tracing::error!(error = %e, "subscription cannot read storage");
-                    End::Close(1011, "storage error")
-                })?;
-            let mut texts = Vec::with_capacity(page.len() + 1);
-            for (sequence, message) in &page {
-                if *sequence != cursor + 1 {
-                    // Trimmed between the signal and the read: say so, then go on.
-                    texts.push(frames::messages_expired(&s.topic, cursor, *sequence));
-                }
-                debug_assert!(*sequence > cursor);
-                texts.push(frames::message(&s.topic, *sequence, message));
-                cursor = *sequence;
+            let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES);
+            if page.is_empty() {
+                let stored = app
+                    .reader
+                    .read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES)
+                    .map_err(|e| {
+                        tracing::error!(error = %e, "subscription cannot read storage");
+                        End::Close(1011, "storage error")
+                    })?;
+                page = stored
+                    .iter()
+                    .map(|(sequence, message)| {
+                        (
+                            *sequence,
+                            Utf8Bytes::from(frames::message(&s.topic, *sequence, message)),
+                        )
+                    })
+                    .collect();
+                app.frames.put(s.topic_id, &page);
             }
-            let delivered = page.len() as u64;
             if page.is_empty() {
                 // Everything up to the signal was trimmed meanwhile; the next signal says so.
                 cursor = cursor.max(signal.first_sequence.saturating_sub(1));
                 continue;
             }
-            send_all(sink, texts).await?;
+            let delivered = page.len() as u64;
+            let mut out = Vec::with_capacity(page.len() + 1);
+            for (sequence, frame) in page {
+                debug_assert!(sequence > cursor);
+                if sequence != cursor + 1 {
+                    // Trimmed between the signal and the read: say so, then go on.
+                    out.push(Utf8Bytes::from(frames::messages_expired(
+                        &s.topic, cursor, sequence,
+                    )));
+                }
+                out.push(frame);
+                cursor = sequence;
+            }
+            send_all(sink, out).await?;
             app.metrics.delivered.inc_by(delivered);
             continue;
         }
