@@ -16,36 +16,23 @@ fn payload() -> Bytes {
 }
 
 fn entry(index: u64, request: Request) -> Entry {
-    Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(request),
-    }
+    Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
 fn publish(n: usize, seq: &mut u64) -> Request {
     let messages = (0..n)
         .map(|_| {
             *seq += 1;
-            NewMessage {
-                id: format!("m{seq}"),
-                timestamp: 1,
-                payload: payload(),
-            }
+            NewMessage { id: format!("m{seq}"), timestamp: 1, payload: payload() }
         })
         .collect();
-    Request::Publish {
-        topic: "bench".into(),
-        messages,
-        now_ms: 1,
-    }
+    Request::Publish { topic: "bench".into(), messages, now_ms: 1 }
 }
 
 fn log_append(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("log_append_fsync");
-    group
-        .measurement_time(Duration::from_secs(5))
-        .sample_size(20);
+    group.measurement_time(Duration::from_secs(5)).sample_size(20);
     for batch in [1usize, 64, 1024] {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = raft_store::open(dir.path()).expect("open");
@@ -95,22 +82,15 @@ fn log_append(c: &mut Criterion) {
 fn sm_apply(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("state_machine_apply_256B");
-    group
-        .measurement_time(Duration::from_secs(5))
-        .sample_size(20);
+    group.measurement_time(Duration::from_secs(5)).sample_size(20);
     for (name, per_entry, entries) in [("single", 1usize, 256usize), ("batch_256", 256, 1)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = raft_store::open(dir.path()).expect("open");
         let mut sm = store.state_machine;
         let mut index = 1u64;
-        let create = Request::CreateTopic {
-            topic: "bench".into(),
-            metadata: None,
-            retention: Retention::default(),
-            now_ms: 1,
-        };
-        rt.block_on(sm.apply([entry(index, create)]))
-            .expect("create");
+        let create =
+            Request::CreateTopic { topic: "bench".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
+        rt.block_on(sm.apply([entry(index, create)])).expect("create");
         let mut seq = 0u64;
         group.throughput(Throughput::Elements((per_entry * entries) as u64));
         group.bench_function(name, |b| {

@@ -29,3 +29,6 @@ fi
 
 echo "==> running the tests"
 cargo test --release --workspace
+
+echo "==> running the deterministic simulation"
+scripts/sim.sh

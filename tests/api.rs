@@ -9,8 +9,7 @@ use pubsub_tests::{wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 fn is_error_body(body: &Value, code: &str) -> bool {
     body["error"] == code && body["message"].is_string() && body["details"].is_object()
@@ -28,9 +27,7 @@ async fn follower_url(c: &Cluster) -> String {
 /// Waits until node `url` has applied `topic` up to `sequence`.
 async fn wait_applied(url: &str, topic: &str, sequence: u64) {
     wait_until("follower applies", Duration::from_secs(10), || async {
-        let (s, b) = http::get_json(&format!("{url}/topics/{topic}"))
-            .await
-            .ok()?;
+        let (s, b) = http::get_json(&format!("{url}/topics/{topic}")).await.ok()?;
         (s == 200 && b["current_sequence"].as_u64()? >= sequence).then_some(())
     })
     .await
@@ -38,18 +35,13 @@ async fn wait_applied(url: &str, topic: &str, sequence: u64) {
 
 async fn ws_connect(url: &str, path: &str) -> Ws {
     let ws_url = format!("{}{path}", url.replacen("http://", "ws://", 1));
-    tokio_tungstenite::connect_async(ws_url)
-        .await
-        .expect("websocket connects")
-        .0
+    tokio_tungstenite::connect_async(ws_url).await.expect("websocket connects").0
 }
 
 /// The next text frame as JSON (pings are skipped), within 10 s.
 async fn next_frame(ws: &mut Ws) -> Value {
     loop {
-        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
-            .await
-            .expect("frame in time");
+        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("frame in time");
         match msg.expect("stream open").expect("frame ok") {
             Message::Text(t) => return serde_json::from_str(&t).expect("frame is JSON"),
             Message::Close(frame) => return json!({"closed": frame.map(|f| u16::from(f.code))}),
@@ -63,22 +55,14 @@ async fn topics_lifecycle_follows_the_contract() {
     let c = Cluster::start(Options::default()).await;
     let l = leader_url(&c).await;
 
-    let r = post(
-        &format!("{l}/topics/orders"),
-        &json!({"metadata": {"description": "Order events"}}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/orders"), &json!({"metadata": {"description": "Order events"}})).await.unwrap();
     assert_eq!(r.status, 201, "{r:?}");
     assert_eq!(r.body["topic"], "orders");
     assert_eq!(r.body["created"], true);
     assert!(r.body["raft_index"].as_u64().unwrap() > 0);
 
     let r = post_raw(&format!("{l}/topics/orders"), "").await.unwrap();
-    assert_eq!(
-        (r.status, &r.body["created"], &r.body["raft_index"]),
-        (200, &json!(false), &json!(0))
-    );
+    assert_eq!((r.status, &r.body["created"], &r.body["raft_index"]), (200, &json!(false), &json!(0)));
 
     let r = get(&format!("{l}/topics/orders")).await.unwrap();
     assert_eq!(r.status, 200);
@@ -96,23 +80,14 @@ async fn topics_lifecycle_follows_the_contract() {
         assert_eq!(r.status, 400, "{bad}");
         assert!(is_error_body(&r.body, "invalid_topic_name"), "{:?}", r.body);
     }
-    let r = post_raw(&format!("{l}/topics/x"), "{not json")
-        .await
-        .unwrap();
+    let r = post_raw(&format!("{l}/topics/x"), "{not json").await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
-    let r = post(&format!("{l}/topics/x"), &json!({"metadata": 5}))
-        .await
-        .unwrap();
+    let r = post(&format!("{l}/topics/x"), &json!({"metadata": 5})).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
 
     // Publish two, delete, and the topic is gone everywhere.
     for id in ["m1", "m2"] {
-        let r = post(
-            &format!("{l}/topics/orders/messages"),
-            &json!({"id": id, "payload": 1}),
-        )
-        .await
-        .unwrap();
+        let r = post(&format!("{l}/topics/orders/messages"), &json!({"id": id, "payload": 1})).await.unwrap();
         assert_eq!(r.status, 201);
     }
     let r = delete(&format!("{l}/topics/orders")).await.unwrap();
@@ -124,23 +99,13 @@ async fn topics_lifecycle_follows_the_contract() {
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"));
     let r = get(&format!("{l}/topics")).await.unwrap();
     assert_eq!(r.body["topics"], json!([]));
-    let r = post(
-        &format!("{l}/topics/orders/messages"),
-        &json!({"payload": 1}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/orders/messages"), &json!({"payload": 1})).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"));
 
     // Revived: the sequence continues.
     let r = post_raw(&format!("{l}/topics/orders"), "").await.unwrap();
     assert_eq!((r.status, &r.body["created"]), (201, &json!(true)));
-    let r = post(
-        &format!("{l}/topics/orders/messages"),
-        &json!({"payload": 1}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/orders/messages"), &json!({"payload": 1})).await.unwrap();
     assert_eq!(r.body["sequence"], 3);
 }
 
@@ -151,12 +116,9 @@ async fn publish_follows_the_contract() {
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
     let url = format!("{l}/topics/t/messages");
 
-    let r = post(
-        &url,
-        &json!({"id": "msg-1", "payload": {"order_id": "ORD-456"}, "timestamp": 1714000000000u64}),
-    )
-    .await
-    .unwrap();
+    let r = post(&url, &json!({"id": "msg-1", "payload": {"order_id": "ORD-456"}, "timestamp": 1714000000000u64}))
+        .await
+        .unwrap();
     assert_eq!(r.status, 201, "{r:?}");
     assert_eq!(r.body["id"], "msg-1");
     assert_eq!(r.body["topic"], "t");
@@ -171,28 +133,16 @@ async fn publish_follows_the_contract() {
     assert_eq!(r.body["sequence"], 2);
 
     // Duplicate id.
-    let r = post(&url, &json!({"id": "msg-1", "payload": 2}))
-        .await
-        .unwrap();
+    let r = post(&url, &json!({"id": "msg-1", "payload": 2})).await.unwrap();
     assert_eq!(r.status, 409);
     assert!(is_error_body(&r.body, "duplicate_message_id"));
-    assert_eq!(
-        (&r.body["id"], &r.body["existing_sequence"]),
-        (&json!("msg-1"), &json!(1))
-    );
+    assert_eq!((&r.body["id"], &r.body["existing_sequence"]), (&json!("msg-1"), &json!(1)));
     assert_eq!(r.body["details"]["existing_sequence"], 1);
 
     // ack=appended.
-    let r = post(
-        &format!("{url}?ack=appended"),
-        &json!({"id": "a1", "payload": 3}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{url}?ack=appended"), &json!({"id": "a1", "payload": 3})).await.unwrap();
     assert_eq!((r.status, &r.body["committed"]), (202, &json!(false)));
-    let r = post(&format!("{url}?ack=sometimes"), &json!({"payload": 3}))
-        .await
-        .unwrap();
+    let r = post(&format!("{url}?ack=sometimes"), &json!({"payload": 3})).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
 
     // Malformed bodies.
@@ -206,15 +156,10 @@ async fn publish_follows_the_contract() {
         r#"{"id": "", "payload": 1}"#,
     ] {
         let r = post_raw(&url, body.to_string()).await.unwrap();
-        assert!(
-            r.status == 400 && is_error_body(&r.body, "invalid_request"),
-            "{body}: {r:?}"
-        );
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{body}: {r:?}");
     }
     let long_id = "i".repeat(257);
-    let r = post(&url, &json!({"id": long_id, "payload": 1}))
-        .await
-        .unwrap();
+    let r = post(&url, &json!({"id": long_id, "payload": 1})).await.unwrap();
     assert_eq!(r.status, 400);
 
     // Payload size: exactly 1 MiB as compact JSON is accepted, one byte more is not.
@@ -223,18 +168,12 @@ async fn publish_follows_the_contract() {
     assert_eq!(r.status, 201, "{:?}", r.body);
     let over = "x".repeat(1024 * 1024 - 1);
     let r = post(&url, &json!({"payload": over})).await.unwrap();
-    assert!(
-        r.status == 413 && is_error_body(&r.body, "payload_too_large"),
-        "{:?}",
-        r.status
-    );
+    assert!(r.status == 413 && is_error_body(&r.body, "payload_too_large"), "{:?}", r.status);
     let r = post_raw(&url, vec![b' '; 3 * 1024 * 1024]).await.unwrap();
     assert_eq!(r.status, 413);
 
     // Missing topic.
-    let r = post(&format!("{l}/topics/none/messages"), &json!({"payload": 1}))
-        .await
-        .unwrap();
+    let r = post(&format!("{l}/topics/none/messages"), &json!({"payload": 1})).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"));
 
     // Batch.
@@ -243,20 +182,13 @@ async fn publish_follows_the_contract() {
     assert_eq!(r.status, 201, "{r:?}");
     let results = r.body["results"].as_array().unwrap();
     assert_eq!(results[0], json!({"id": "b1", "sequence": 5}));
-    assert_eq!(
-        results[1],
-        json!({"id": "msg-1", "error": "duplicate_message_id", "existing_sequence": 1})
-    );
+    assert_eq!(results[1], json!({"id": "msg-1", "error": "duplicate_message_id", "existing_sequence": 1}));
     assert_eq!(results[2]["sequence"], 6);
     assert_eq!(r.body["committed"], true);
-    let r = post(&format!("{url}/batch"), &json!({"messages": []}))
-        .await
-        .unwrap();
+    let r = post(&format!("{url}/batch"), &json!({"messages": []})).await.unwrap();
     assert_eq!(r.status, 400);
     let many: Vec<Value> = (0..1001).map(|i| json!({"payload": i})).collect();
-    let r = post(&format!("{url}/batch"), &json!({"messages": many}))
-        .await
-        .unwrap();
+    let r = post(&format!("{url}/batch"), &json!({"messages": many})).await.unwrap();
     assert_eq!(r.status, 400);
 }
 
@@ -267,35 +199,21 @@ async fn followers_redirect_writes_and_serve_reads() {
     let f = follower_url(&c).await;
     let leader_addr = l.trim_start_matches("http://").to_string();
 
-    let r = post(&format!("{f}/topics/t?x=1"), &json!({}))
-        .await
-        .unwrap();
+    let r = post(&format!("{f}/topics/t?x=1"), &json!({})).await.unwrap();
     assert_eq!(r.status, 307);
-    assert_eq!(
-        r.location.as_deref(),
-        Some(format!("http://{leader_addr}/topics/t?x=1").as_str())
-    );
+    assert_eq!(r.location.as_deref(), Some(format!("http://{leader_addr}/topics/t?x=1").as_str()));
     assert!(is_error_body(&r.body, "not_leader"));
     assert_eq!(r.body["leader_address"], leader_addr);
     assert!(r.body["leader_id"].as_str().unwrap().starts_with("node-"));
     assert_eq!(r.body["details"]["leader_address"], leader_addr);
-    let r = post(&format!("{f}/topics/t/messages"), &json!({"payload": 1}))
-        .await
-        .unwrap();
+    let r = post(&format!("{f}/topics/t/messages"), &json!({"payload": 1})).await.unwrap();
     assert_eq!(r.status, 307);
     assert_eq!(delete(&format!("{f}/topics/t")).await.unwrap().status, 307);
 
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
-    post(
-        &format!("{l}/topics/t/messages"),
-        &json!({"id": "x", "payload": {"a": 1}}),
-    )
-    .await
-    .unwrap();
+    post(&format!("{l}/topics/t/messages"), &json!({"id": "x", "payload": {"a": 1}})).await.unwrap();
     wait_applied(&f, "t", 1).await;
-    let r = get(&format!("{f}/topics/t/messages?after=0"))
-        .await
-        .unwrap();
+    let r = get(&format!("{f}/topics/t/messages?after=0")).await.unwrap();
     assert_eq!(r.body["messages"][0]["payload"], json!({"a": 1}));
 
     // /cluster on a follower.
@@ -314,53 +232,26 @@ async fn reads_page_and_long_poll() {
     let l = leader_url(&c).await;
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
     for i in 0..5 {
-        post(
-            &format!("{l}/topics/t/messages"),
-            &json!({"id": format!("m{i}"), "payload": i}),
-        )
-        .await
-        .unwrap();
+        post(&format!("{l}/topics/t/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
     }
-    let r = get(&format!("{l}/topics/t/messages?after=1&limit=2"))
-        .await
-        .unwrap();
+    let r = get(&format!("{l}/topics/t/messages?after=1&limit=2")).await.unwrap();
     assert_eq!(r.status, 200);
-    let seqs: Vec<u64> = r.body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["sequence"].as_u64().unwrap())
-        .collect();
+    let seqs: Vec<u64> =
+        r.body["messages"].as_array().unwrap().iter().map(|m| m["sequence"].as_u64().unwrap()).collect();
     assert_eq!(seqs, vec![2, 3]);
     assert_eq!(r.body["next_cursor"], 3);
     assert_eq!(r.body["current_sequence"], 5);
     let m = &r.body["messages"][0];
-    assert_eq!(
-        (&m["id"], &m["topic"], &m["payload"]),
-        (&json!("m1"), &json!("t"), &json!(1))
-    );
+    assert_eq!((&m["id"], &m["topic"], &m["payload"]), (&json!("m1"), &json!("t"), &json!(1)));
     assert!(m["timestamp"].is_u64());
 
-    let r = get(&format!("{l}/topics/t/messages?after=5"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (
-            r.body["messages"].as_array().unwrap().len(),
-            &r.body["next_cursor"]
-        ),
-        (0, &json!(5))
-    );
+    let r = get(&format!("{l}/topics/t/messages?after=5")).await.unwrap();
+    assert_eq!((r.body["messages"].as_array().unwrap().len(), &r.body["next_cursor"]), (0, &json!(5)));
     for bad in ["after=6", "after=x", "after=-1"] {
         let r = get(&format!("{l}/topics/t/messages?{bad}")).await.unwrap();
-        assert!(
-            r.status == 400 && is_error_body(&r.body, "invalid_cursor"),
-            "{bad}"
-        );
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_cursor"), "{bad}");
     }
-    let r = get(&format!("{l}/topics/t/messages?limit=0"))
-        .await
-        .unwrap();
+    let r = get(&format!("{l}/topics/t/messages?limit=0")).await.unwrap();
     assert_eq!(r.status, 400);
     let r = get(&format!("{l}/topics/none/messages")).await.unwrap();
     assert_eq!(r.status, 404);
@@ -370,20 +261,11 @@ async fn reads_page_and_long_poll() {
     wait_applied(&f, "t", 5).await;
     let poll = tokio::spawn({
         let f = f.clone();
-        async move {
-            get(&format!("{f}/topics/t/messages?after=5&wait_ms=10000"))
-                .await
-                .unwrap()
-        }
+        async move { get(&format!("{f}/topics/t/messages?after=5&wait_ms=10000")).await.unwrap() }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
-    post(
-        &format!("{l}/topics/t/messages"),
-        &json!({"payload": "late"}),
-    )
-    .await
-    .unwrap();
+    post(&format!("{l}/topics/t/messages"), &json!({"payload": "late"})).await.unwrap();
     let r = poll.await.unwrap();
     assert_eq!(r.body["messages"][0]["payload"], "late");
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -396,79 +278,43 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
     let f = follower_url(&c).await;
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
     for i in 1..=3 {
-        post(
-            &format!("{l}/topics/t/messages"),
-            &json!({"id": format!("m{i}"), "payload": i}),
-        )
-        .await
-        .unwrap();
+        post(&format!("{l}/topics/t/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
     }
     wait_applied(&f, "t", 3).await;
 
     // Refusals are plain HTTP errors.
-    let r = get(&format!("{f}/topics/none/subscribe?subscriber_id=s"))
-        .await
-        .unwrap();
+    let r = get(&format!("{f}/topics/none/subscribe?subscriber_id=s")).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"));
-    let r = get(&format!("{f}/topics/t/subscribe?cursor=0"))
-        .await
-        .unwrap();
+    let r = get(&format!("{f}/topics/t/subscribe?cursor=0")).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
     for bad in ["4", "x"] {
-        let r = get(&format!(
-            "{f}/topics/t/subscribe?subscriber_id=s&cursor={bad}"
-        ))
-        .await
-        .unwrap();
-        assert!(
-            r.status == 400 && is_error_body(&r.body, "invalid_cursor"),
-            "{bad}"
-        );
+        let r = get(&format!("{f}/topics/t/subscribe?subscriber_id=s&cursor={bad}")).await.unwrap();
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_cursor"), "{bad}");
     }
 
     // Replay from cursor 1 on a follower, then live.
     let mut ws = ws_connect(&f, "/topics/t/subscribe?subscriber_id=sub-1&cursor=1").await;
     let hello = next_frame(&mut ws).await;
-    assert_eq!(
-        hello,
-        json!({"type":"control","subtype":"subscribed","topic":"t","cursor":1,"subscriber_id":"sub-1"})
-    );
+    assert_eq!(hello, json!({"type":"control","subtype":"subscribed","topic":"t","cursor":1,"subscriber_id":"sub-1"}));
     for seq in 2..=3u64 {
         let m = next_frame(&mut ws).await;
-        assert_eq!(
-            (&m["type"], &m["sequence"], &m["id"]),
-            (&json!("message"), &json!(seq), &json!(format!("m{seq}")))
-        );
+        assert_eq!((&m["type"], &m["sequence"], &m["id"]), (&json!("message"), &json!(seq), &json!(format!("m{seq}"))));
     }
     // No cursor: only what is committed after subscribing.
     let mut live = ws_connect(&l, "/topics/t/subscribe?subscriber_id=sub-2").await;
     assert_eq!(next_frame(&mut live).await["cursor"], 3);
-    post(
-        &format!("{l}/topics/t/messages"),
-        &json!({"id": "m4", "payload": 4}),
-    )
-    .await
-    .unwrap();
+    post(&format!("{l}/topics/t/messages"), &json!({"id": "m4", "payload": 4})).await.unwrap();
     let m = next_frame(&mut ws).await;
-    assert_eq!(
-        (&m["sequence"], &m["payload"], &m["topic"]),
-        (&json!(4), &json!(4), &json!("t"))
-    );
+    assert_eq!((&m["sequence"], &m["payload"], &m["topic"]), (&json!(4), &json!(4), &json!("t")));
     assert!(m["timestamp"].is_u64());
     assert_eq!(next_frame(&mut live).await["sequence"], 4);
 
     // Acks are recorded cluster-wide and resume with cursor=acked.
-    ws.send(Message::Text(r#"{"type":"ack","sequence":3}"#.into()))
-        .await
-        .unwrap();
+    ws.send(Message::Text(r#"{"type":"ack","sequence":3}"#.into())).await.unwrap();
     let listed = wait_until("ack recorded", Duration::from_secs(10), || async {
-        let (_, b) = http::get_json(&format!("{l}/topics/t/subscribers"))
-            .await
-            .ok()?;
+        let (_, b) = http::get_json(&format!("{l}/topics/t/subscribers")).await.ok()?;
         let subs = b["subscribers"].as_array()?.clone();
-        subs.iter()
-            .find(|s| s["subscriber_id"] == "sub-1" && s["acked_sequence"] == 3)
-            .cloned()
+        subs.iter().find(|s| s["subscriber_id"] == "sub-1" && s["acked_sequence"] == 3).cloned()
     })
     .await;
     assert_eq!(listed["lag"], 1);
@@ -479,10 +325,7 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
     // Delete: every subscriber gets topic_deleted and a normal close.
     delete(&format!("{l}/topics/t")).await.unwrap();
     for socket in [&mut ws, &mut live, &mut again] {
-        assert_eq!(
-            next_frame(socket).await,
-            json!({"type":"control","subtype":"topic_deleted","topic":"t"})
-        );
+        assert_eq!(next_frame(socket).await, json!({"type":"control","subtype":"topic_deleted","topic":"t"}));
         assert_eq!(next_frame(socket).await, json!({"closed": 1000}));
     }
 }
@@ -491,25 +334,12 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
 async fn retention_trims_and_subscribers_are_told() {
     let c = Cluster::start(Options::default()).await;
     let l = leader_url(&c).await;
-    post(
-        &format!("{l}/topics/r"),
-        &json!({"metadata": {"retention_messages": 2}}),
-    )
-    .await
-    .unwrap();
+    post(&format!("{l}/topics/r"), &json!({"metadata": {"retention_messages": 2}})).await.unwrap();
     for i in 1..=5 {
-        post(
-            &format!("{l}/topics/r/messages"),
-            &json!({"id": format!("m{i}"), "payload": i}),
-        )
-        .await
-        .unwrap();
+        post(&format!("{l}/topics/r/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
     }
     let r = get(&format!("{l}/topics/r")).await.unwrap();
-    assert_eq!(
-        (&r.body["message_count"], &r.body["current_sequence"]),
-        (&json!(2), &json!(5))
-    );
+    assert_eq!((&r.body["message_count"], &r.body["current_sequence"]), (&json!(2), &json!(5)));
     let mut ws = ws_connect(&l, "/topics/r/subscribe?subscriber_id=s&cursor=0").await;
     next_frame(&mut ws).await;
     let expired = next_frame(&mut ws).await;
@@ -519,26 +349,11 @@ async fn retention_trims_and_subscribers_are_told() {
     );
     assert_eq!(next_frame(&mut ws).await["sequence"], 4);
     // A trimmed id is no longer a duplicate.
-    let r = post(
-        &format!("{l}/topics/r/messages"),
-        &json!({"id": "m1", "payload": 1}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/r/messages"), &json!({"id": "m1", "payload": 1})).await.unwrap();
     assert_eq!(r.status, 201);
-    let r = post(
-        &format!("{l}/topics/r"),
-        &json!({"metadata": {"retention_hours": "soon"}}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/r"), &json!({"metadata": {"retention_hours": "soon"}})).await.unwrap();
     assert_eq!(r.status, 400, "bad metadata is refused even for an existing topic");
-    let r = post(
-        &format!("{l}/topics/r2"),
-        &json!({"metadata": {"retention_hours": -1}}),
-    )
-    .await
-    .unwrap();
+    let r = post(&format!("{l}/topics/r2"), &json!({"metadata": {"retention_hours": -1}})).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
 }
 
@@ -548,18 +363,11 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     let l = leader_url(&c).await;
     let r = get(&format!("{l}/nope")).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "not_found"));
-    let r = http::send(http::client().put(format!("{l}/topics")))
-        .await
-        .unwrap();
-    assert!(
-        r.status == 405 && is_error_body(&r.body, "method_not_allowed"),
-        "{r:?}"
-    );
+    let r = http::send(http::client().put(format!("{l}/topics"))).await.unwrap();
+    assert!(r.status == 405 && is_error_body(&r.body, "method_not_allowed"), "{r:?}");
     let r = get(&format!("{l}/raft")).await.unwrap();
     assert!(r.status == 401 && is_error_body(&r.body, "unauthorized"));
-    let r = get(&format!("{l}/topics/t/subscribe?subscriber_id=s"))
-        .await
-        .unwrap();
+    let r = get(&format!("{l}/topics/t/subscribe?subscriber_id=s")).await.unwrap();
     assert_eq!(r.status, 404);
     assert_eq!(get(&format!("{l}/health")).await.unwrap().status, 200);
     for i in 0..3 {
@@ -569,17 +377,8 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
         .await;
     }
     post_raw(&format!("{l}/topics/m"), "").await.unwrap();
-    post(&format!("{l}/topics/m/messages"), &json!({"payload": 1}))
-        .await
-        .unwrap();
-    let text = http::client()
-        .get(format!("{l}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    post(&format!("{l}/topics/m/messages"), &json!({"payload": 1})).await.unwrap();
+    let text = http::client().get(format!("{l}/metrics")).send().await.unwrap().text().await.unwrap();
     for metric in [
         "pubsub_publishes_total",
         "pubsub_commit_latency_seconds_bucket",
@@ -594,21 +393,11 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
 
 #[tokio::test]
 async fn a_single_node_with_no_peers_is_a_working_cluster() {
-    let c = Cluster::start(Options {
-        nodes: 1,
-        secret: None,
-        ..Default::default()
-    })
-    .await;
+    let c = Cluster::start(Options { nodes: 1, secret: None, ..Default::default() }).await;
     let l = c.url(0);
     let r = get(&format!("{l}/cluster")).await.unwrap();
-    assert_eq!(
-        (&r.body["role"], &r.body["leader_id"]),
-        (&json!("leader"), &json!("node-1"))
-    );
+    assert_eq!((&r.body["role"], &r.body["leader_id"]), (&json!("leader"), &json!("node-1")));
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
-    let r = post(&format!("{l}/topics/t/messages"), &json!({"payload": 1}))
-        .await
-        .unwrap();
+    let r = post(&format!("{l}/topics/t/messages"), &json!({"payload": 1})).await.unwrap();
     assert_eq!(r.status, 201);
 }

@@ -16,11 +16,7 @@ const CONVERGE: Duration = Duration::from_secs(30);
 
 /// Every node serves the same (sequence → id) list, with sequences 1..=n contiguous, and it
 /// holds every acknowledged id exactly once at its acknowledged sequence.
-async fn assert_converged(
-    c: &Cluster,
-    topic: &str,
-    acked: &HashMap<String, u64>,
-) -> Vec<(u64, String)> {
+async fn assert_converged(c: &Cluster, topic: &str, acked: &HashMap<String, u64>) -> Vec<(u64, String)> {
     let running: Vec<usize> = (0..c.nodes.len()).filter(|&i| c.running(i)).collect();
     let urls = c.urls();
     wait_until("all nodes serve the same log", CONVERGE, || async {
@@ -29,8 +25,7 @@ async fn assert_converged(
             lists.push(read_all(&urls[i], topic).await?);
         }
         let first = lists[0].clone();
-        (lists.iter().all(|l| *l == first) && acked.values().all(|s| first.len() as u64 >= *s))
-            .then_some(())
+        (lists.iter().all(|l| *l == first) && acked.values().all(|s| first.len() as u64 >= *s)).then_some(())
     })
     .await;
     let log = read_all(&urls[running[0]], topic).await.expect("read log");
@@ -42,11 +37,7 @@ async fn assert_converged(
         assert!(seen.insert(id.clone()), "id {id} appears twice");
     }
     for (id, seq) in acked {
-        assert_eq!(
-            log.get(*seq as usize - 1).map(|(_, i)| i),
-            Some(id),
-            "acked {id} is at sequence {seq}"
-        );
+        assert_eq!(log.get(*seq as usize - 1).map(|(_, i)| i), Some(id), "acked {id} is at sequence {seq}");
     }
     log
 }
@@ -62,25 +53,17 @@ fn spawn_load(
     c: &Cluster,
     topic: &str,
     publishers: usize,
-) -> (
-    Arc<Mutex<HashMap<String, u64>>>,
-    Arc<std::sync::atomic::AtomicBool>,
-    Vec<tokio::task::JoinHandle<()>>,
-) {
+) -> (Arc<Mutex<HashMap<String, u64>>>, Arc<std::sync::atomic::AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tasks = (0..publishers)
         .map(|p| {
-            let (urls, topic, acked, stop) =
-                (c.urls(), topic.to_string(), acked.clone(), stop.clone());
+            let (urls, topic, acked, stop) = (c.urls(), topic.to_string(), acked.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let id = format!("p{p}-{n}");
-                    if let Some(seq) =
-                        publish_retrying(&urls, &topic, &id, &json!({"p": p, "n": n}), CONVERGE)
-                            .await
-                    {
+                    if let Some(seq) = publish_retrying(&urls, &topic, &id, &json!({"p": p, "n": n}), CONVERGE).await {
                         acked.lock().unwrap().insert(id, seq);
                     }
                     n += 1;
@@ -111,11 +94,7 @@ async fn leader_kill_loses_no_acked_publish() {
     let new = c.wait_leader(CONVERGE).await;
     assert_ne!(new, old);
     // Election timeout is 500–1000 ms here; allow generous scheduling slack.
-    assert!(
-        killed_at.elapsed() < Duration::from_secs(10),
-        "new leader took {:?}",
-        killed_at.elapsed()
-    );
+    assert!(killed_at.elapsed() < Duration::from_secs(10), "new leader took {:?}", killed_at.elapsed());
     let before = acked.lock().unwrap().len();
     wait_acks(&acked, before + 50).await;
 
@@ -136,12 +115,7 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
     let mut acked = HashMap::new();
     for i in 0..30 {
         let id = format!("m{i}");
-        acked.insert(
-            id.clone(),
-            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
-                .await
-                .expect("acked"),
-        );
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
     }
     // One follower restarts (SIGTERM: clean exit code 0).
     let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
@@ -149,12 +123,7 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
     c.restart(follower);
     for i in 30..40 {
         let id = format!("m{i}");
-        acked.insert(
-            id.clone(),
-            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
-                .await
-                .expect("acked"),
-        );
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
     }
     assert_converged(&c, "t", &acked).await;
 
@@ -169,19 +138,13 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
     let log = assert_converged(&c, "t", &acked).await;
     assert_eq!(log.len(), 40);
     let id = "after-restart".to_string();
-    let seq = publish_retrying(&c.urls(), "t", &id, &json!(1), CONVERGE)
-        .await
-        .expect("acked");
+    let seq = publish_retrying(&c.urls(), "t", &id, &json!(1), CONVERGE).await.expect("acked");
     assert_eq!(seq, 41);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
-    let mut c = Cluster::start(Options {
-        snapshot_logs: Some(100),
-        ..Default::default()
-    })
-    .await;
+    let mut c = Cluster::start(Options { snapshot_logs: Some(100), ..Default::default() }).await;
     create_topic(&c, "t").await;
     let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
     c.kill(follower);
@@ -189,38 +152,20 @@ async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
     let l = c.url(c.wait_leader(CONVERGE).await);
     for b in 0..30 {
         // 30 batches plus 300 single publishes: far more entries than the log keeps.
-        let batch: Vec<Value> = (0..10)
-            .map(|i| json!({"id": format!("b{b}-{i}"), "payload": i}))
-            .collect();
-        let r = post(
-            &format!("{l}/topics/t/messages/batch"),
-            &json!({"messages": batch}),
-        )
-        .await
-        .unwrap();
+        let batch: Vec<Value> = (0..10).map(|i| json!({"id": format!("b{b}-{i}"), "payload": i})).collect();
+        let r = post(&format!("{l}/topics/t/messages/batch"), &json!({"messages": batch})).await.unwrap();
         for res in r.body["results"].as_array().unwrap() {
-            acked.insert(
-                res["id"].as_str().unwrap().to_string(),
-                res["sequence"].as_u64().unwrap(),
-            );
+            acked.insert(res["id"].as_str().unwrap().to_string(), res["sequence"].as_u64().unwrap());
         }
         for i in 0..10 {
             let id = format!("s{b}-{i}");
-            acked.insert(
-                id.clone(),
-                publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
-                    .await
-                    .expect("acked"),
-            );
+            acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
         }
     }
     c.restart(follower);
     assert_converged(&c, "t", &acked).await;
     let log = std::fs::read_to_string(c.dir().join(format!("node-{}.log", follower + 1))).unwrap();
-    assert!(
-        log.contains("installed snapshot"),
-        "the follower caught up without a snapshot:\n{log}"
-    );
+    assert!(log.contains("installed snapshot"), "the follower caught up without a snapshot:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,90 +174,54 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let follower = (leader + 1) % 3;
-    let ws_url = format!(
-        "ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0",
-        c.nodes[follower].addr
-    );
+    let ws_url = format!("ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0", c.nodes[follower].addr);
     let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
 
     let mut acked = HashMap::new();
     for i in 0..10 {
         let id = format!("a{i}");
-        acked.insert(
-            id.clone(),
-            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
-                .await
-                .unwrap(),
-        );
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.unwrap());
     }
     c.kill(leader);
     for i in 0..10 {
         let id = format!("b{i}");
-        acked.insert(
-            id.clone(),
-            publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE)
-                .await
-                .unwrap(),
-        );
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.unwrap());
     }
     let mut sequences = Vec::new();
     let mut saw_leader_change = false;
     while sequences.len() < 20 {
-        let msg = tokio::time::timeout(CONVERGE, ws.next())
-            .await
-            .expect("frame")
-            .unwrap()
-            .unwrap();
+        let msg = tokio::time::timeout(CONVERGE, ws.next()).await.expect("frame").unwrap().unwrap();
         let Message::Text(text) = msg else { continue };
         let frame: Value = serde_json::from_str(&text).unwrap();
         match frame["type"].as_str() {
             Some("message") => sequences.push(frame["sequence"].as_u64().unwrap()),
             _ if frame["subtype"] == "leader_change" => {
                 saw_leader_change = true;
-                assert!(frame["new_leader"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("127.0.0.1:"));
-                assert!(frame["new_leader_id"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("node-"));
+                assert!(frame["new_leader"].as_str().unwrap().starts_with("127.0.0.1:"));
+                assert!(frame["new_leader_id"].as_str().unwrap().starts_with("node-"));
             }
             _ => {}
         }
     }
-    assert_eq!(
-        sequences,
-        (1..=20).collect::<Vec<u64>>(),
-        "no gap, no duplicate, in order"
-    );
+    assert_eq!(sequences, (1..=20).collect::<Vec<u64>>(), "no gap, no duplicate, in order");
     assert!(saw_leader_change, "a leader_change frame was sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
-    let mut c = Cluster::start(Options {
-        nodes: 1,
-        ..Default::default()
-    })
-    .await;
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
     create_topic(&c, "t").await;
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!(
-        "ws://{}/topics/t/subscribe?subscriber_id=s",
-        c.nodes[0].addr
-    ))
-    .await
-    .unwrap();
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{}/topics/t/subscribe?subscriber_id=s", c.nodes[0].addr))
+            .await
+            .unwrap();
     let _subscribed = ws.next().await;
     let exit = tokio::task::spawn_blocking(move || {
         let code = c.terminate(0);
         (c, code)
     });
     let close = loop {
-        match tokio::time::timeout(CONVERGE, ws.next())
-            .await
-            .expect("close in time")
-        {
+        match tokio::time::timeout(CONVERGE, ws.next()).await.expect("close in time") {
             Some(Ok(Message::Close(frame))) => break frame.map(|f| u16::from(f.code)),
             Some(Ok(_)) => continue,
             other => panic!("expected a close frame, got {other:?}"),

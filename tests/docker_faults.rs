@@ -91,18 +91,12 @@ fn node_index(id: &Value) -> Option<usize> {
 /// Runs a command off the async workers; stdout on success, a description on failure.
 async fn run(mut cmd: Command) -> Result<String, String> {
     let desc = format!("{cmd:?}");
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .map_err(|e| format!("{desc}: {e}"))?;
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await.map_err(|e| format!("{desc}: {e}"))?;
     let out = out.map_err(|e| format!("{desc}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
-        Err(format!(
-            "{desc} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("{desc} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -115,11 +109,7 @@ async fn docker(args: &[&str]) -> Result<String, String> {
 /// The compose CLI (`docker compose`, else `docker-compose`), or why the test cannot run.
 fn compose_cli() -> Result<Vec<String>, String> {
     let ok = |program: &str, args: &[&str]| {
-        Command::new(program)
-            .args(args)
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
+        Command::new(program).args(args).output().map(|o| o.status.success()).unwrap_or(false)
     };
     if !ok("docker", &["info"]) {
         return Err("`docker info` fails: no Docker engine reachable".into());
@@ -134,10 +124,7 @@ fn compose_cli() -> Result<Vec<String>, String> {
 }
 
 fn repo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo dir")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo dir").to_path_buf()
 }
 
 /// Builds `pubsub-node:local` with `deploy/cluster.sh build` unless it exists already.
@@ -171,18 +158,11 @@ struct Deployment {
 impl Deployment {
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.compose[0]);
-        cmd.args(&self.compose[1..])
-            .arg("-p")
-            .arg(PROJECT)
-            .arg("-f")
-            .arg(&self.file)
-            .args(args);
+        cmd.args(&self.compose[1..]).arg("-p").arg(PROJECT).arg("-f").arg(&self.file).args(args);
         for (i, port) in PORTS.iter().enumerate() {
             cmd.env(format!("PUBSUB_PORT_{}", i + 1), port.to_string());
         }
-        cmd.env("PUBSUB_CLUSTER_SECRET", SECRET)
-            .env("PUBSUB_IMAGE", IMAGE)
-            .env("PUBSUB_HOST_IP", "127.0.0.1");
+        cmd.env("PUBSUB_CLUSTER_SECRET", SECRET).env("PUBSUB_IMAGE", IMAGE).env("PUBSUB_HOST_IP", "127.0.0.1");
         cmd
     }
 
@@ -201,21 +181,14 @@ impl Deployment {
         let _ = d.compose(&["down", "-v", "--remove-orphans"]).await;
         d.compose(&["up", "-d"]).await.expect("compose up");
         for n in 1..=PORTS.len() {
-            let id = d
-                .compose(&["ps", "-q", &format!("node{n}")])
-                .await
-                .expect("compose ps");
+            let id = d.compose(&["ps", "-q", &format!("node{n}")]).await.expect("compose ps");
             assert!(!id.is_empty(), "no container for node{n}");
             d.containers.push(id);
         }
-        let networks = docker(&[
-            "inspect",
-            "-f",
-            "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}",
-            &d.containers[0],
-        ])
-        .await
-        .expect("inspect networks");
+        let networks =
+            docker(&["inspect", "-f", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}", &d.containers[0]])
+                .await
+                .expect("inspect networks");
         d.network = networks
             .split_whitespace()
             .find(|n| n.ends_with("_cluster"))
@@ -227,17 +200,9 @@ impl Deployment {
     fn logs(&self) -> String {
         let mut out = String::new();
         for (i, c) in self.containers.iter().enumerate() {
-            let logs = Command::new("docker")
-                .args(["logs", "--tail", "40", c])
-                .output();
+            let logs = Command::new("docker").args(["logs", "--tail", "40", c]).output();
             let text = logs
-                .map(|o| {
-                    format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&o.stdout),
-                        String::from_utf8_lossy(&o.stderr)
-                    )
-                })
+                .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
                 .unwrap_or_default();
             let _ = writeln!(out, "--- {} ({c:.12}) ---\n{text}", name(i));
         }
@@ -246,24 +211,15 @@ impl Deployment {
 
     /// Cuts node `i` off the Raft network: it keeps its client port, but reaches no peer.
     async fn disconnect(&self, i: usize) {
-        docker(&["network", "disconnect", &self.network, &self.containers[i]])
-            .await
-            .expect("network disconnect");
+        docker(&["network", "disconnect", &self.network, &self.containers[i]]).await.expect("network disconnect");
     }
 
     /// Heals the cut, keeping the service's alias (`nodeN`) that the peers dial.
     async fn reconnect(&self, i: usize) {
         let alias = format!("node{}", i + 1);
-        docker(&[
-            "network",
-            "connect",
-            "--alias",
-            &alias,
-            &self.network,
-            &self.containers[i],
-        ])
-        .await
-        .expect("network connect");
+        docker(&["network", "connect", "--alias", &alias, &self.network, &self.containers[i]])
+            .await
+            .expect("network connect");
     }
 }
 
@@ -287,9 +243,7 @@ impl Drop for Deployment {
 /// `GET /cluster` of every node (None for a node that does not answer quickly).
 async fn cluster_infos() -> Vec<Option<Value>> {
     join_all((0..PORTS.len()).map(|i| async move {
-        let request = client()
-            .get(format!("{}/cluster", url(i)))
-            .timeout(CLUSTER_POLL_TIMEOUT);
+        let request = client().get(format!("{}/cluster", url(i))).timeout(CLUSTER_POLL_TIMEOUT);
         match http::send(request).await {
             Ok(r) if r.status == 200 => Some(r.body),
             _ => None,
@@ -308,48 +262,32 @@ fn majority_leader(infos: &[Option<Value>]) -> Option<usize> {
         let agree = infos
             .iter()
             .enumerate()
-            .filter(|(j, other)| {
-                *j != i
-                    && other
-                        .as_ref()
-                        .is_some_and(|o| o["leader_id"] == info["node_id"])
-            })
+            .filter(|(j, other)| *j != i && other.as_ref().is_some_and(|o| o["leader_id"] == info["node_id"]))
             .count();
         (agree >= 1).then_some(i)
     })
 }
 
 async fn wait_leader(timeout: Duration) -> usize {
-    wait_until("a leader a majority agrees on", timeout, || async {
-        majority_leader(&cluster_infos().await)
-    })
-    .await
+    wait_until("a leader a majority agrees on", timeout, || async { majority_leader(&cluster_infos().await) }).await
 }
 
 /// All three nodes answer, name the same leader, and exactly one of them says it leads.
 async fn wait_agreement(timeout: Duration) -> usize {
-    wait_until(
-        "all three nodes agreeing on one leader",
-        timeout,
-        || async {
-            let infos = cluster_infos().await;
-            let infos: Vec<Value> = infos.into_iter().collect::<Option<_>>()?;
-            let leader = node_index(&infos[0]["leader_id"])?;
-            let same = infos
-                .iter()
-                .all(|i| i["leader_id"] == infos[0]["leader_id"]);
-            let leaders = infos.iter().filter(|i| i["role"] == "leader").count();
-            (same && leaders == 1 && infos[leader]["role"] == "leader").then_some(leader)
-        },
-    )
+    wait_until("all three nodes agreeing on one leader", timeout, || async {
+        let infos = cluster_infos().await;
+        let infos: Vec<Value> = infos.into_iter().collect::<Option<_>>()?;
+        let leader = node_index(&infos[0]["leader_id"])?;
+        let same = infos.iter().all(|i| i["leader_id"] == infos[0]["leader_id"]);
+        let leaders = infos.iter().filter(|i| i["role"] == "leader").count();
+        (same && leaders == 1 && infos[leader]["role"] == "leader").then_some(leader)
+    })
     .await
 }
 
 async fn wait_ready(i: usize, timeout: Duration) {
     wait_until(&format!("{} ready", name(i)), timeout, || async {
-        let request = client()
-            .get(format!("{}/ready", url(i)))
-            .timeout(CLUSTER_POLL_TIMEOUT);
+        let request = client().get(format!("{}/ready", url(i))).timeout(CLUSTER_POLL_TIMEOUT);
         matches!(http::send(request).await, Ok(r) if r.status == 200).then_some(())
     })
     .await
@@ -361,50 +299,50 @@ async fn wait_caught_up(i: usize, timeout: Duration) {
     let Some(leader) = majority_leader(&infos) else {
         return;
     };
-    let target = infos[leader]
-        .as_ref()
-        .and_then(|l| l["commit_index"].as_u64())
-        .unwrap_or(0);
-    wait_until(
-        &format!("{} applying up to {target}", name(i)),
-        timeout,
-        || async {
-            let info = cluster_infos().await.swap_remove(i)?;
-            (info["last_applied"].as_u64()? >= target).then_some(())
-        },
-    )
+    let target = infos[leader].as_ref().and_then(|l| l["commit_index"].as_u64()).unwrap_or(0);
+    wait_until(&format!("{} applying up to {target}", name(i)), timeout, || async {
+        let info = cluster_infos().await.swap_remove(i)?;
+        (info["last_applied"].as_u64()? >= target).then_some(())
+    })
     .await
 }
 
 /// What the leader monitor saw during one scenario.
 #[derive(Default)]
 struct LeaderStats {
-    /// Summed time between polls that found no leader a majority agrees on.
+    /// Summed time between polls that found no working leader (see [`start_monitor`]).
     leaderless: Duration,
     violations: Vec<String>,
 }
 
-/// Polls /cluster on every node until `stop`: time without a leader, and two leaders in one term.
+/// Polls /cluster on every node until `stop`, recording the time without a working leader and
+/// any two leaders in one term. A working leader is one a majority agrees on whose commit index
+/// moved since the previous poll: the load keeps it moving while a leader works, whereas a
+/// leader cut off from its followers still says `role: leader` (and they still name it until
+/// their election timeout) without committing anything.
 fn start_monitor(stop: Arc<AtomicBool>) -> JoinHandle<LeaderStats> {
     tokio::spawn(async move {
         let mut stats = LeaderStats::default();
         let mut last = Instant::now();
+        let mut commit_max = 0;
         while !stop.load(Ordering::Relaxed) {
             let infos = cluster_infos().await;
             let now = Instant::now();
-            if majority_leader(&infos).is_none() {
+            let committing = majority_leader(&infos)
+                .and_then(|l| infos[l].as_ref()?["commit_index"].as_u64())
+                .is_some_and(|c| c > commit_max);
+            if !committing {
                 stats.leaderless += now - last;
             }
             last = now;
+            let commits = infos.iter().flatten().filter_map(|i| i["commit_index"].as_u64());
+            commit_max = commits.fold(commit_max, u64::max);
             let mut by_term: HashMap<u64, Value> = HashMap::new();
             for info in infos.iter().flatten().filter(|i| i["role"] == "leader") {
                 let term = info["raft_term"].as_u64().unwrap_or(0);
                 if let Some(other) = by_term.insert(term, info["node_id"].clone()) {
                     if other != info["node_id"] {
-                        stats.violations.push(format!(
-                            "two leaders in term {term}: {other} and {}",
-                            info["node_id"]
-                        ));
+                        stats.violations.push(format!("two leaders in term {term}: {other} and {}", info["node_id"]));
                     }
                 }
             }
@@ -422,21 +360,13 @@ fn start_monitor(stop: Arc<AtomicBool>) -> JoinHandle<LeaderStats> {
 /// retries with the same id on any failure, moving to the next node. A 409 carrying
 /// `existing_sequence` is the acknowledgement of an earlier try. Gives up (None) at the deadline,
 /// or after a failed try once `stop` is set.
-async fn publish(
-    target: &mut usize,
-    id: &str,
-    payload: &Value,
-    errors: &AtomicU64,
-    stop: &AtomicBool,
-) -> Option<u64> {
+async fn publish(target: &mut usize, id: &str, payload: &Value, errors: &AtomicU64, stop: &AtomicBool) -> Option<u64> {
     let deadline = Instant::now() + PUBLISH_DEADLINE;
     let body = json!({"id": id, "payload": payload});
     let mut redirects = 0;
     while Instant::now() < deadline {
-        let request = client()
-            .post(format!("{}/topics/{TOPIC}/messages", url(*target)))
-            .timeout(REQUEST_TIMEOUT)
-            .json(&body);
+        let request =
+            client().post(format!("{}/topics/{TOPIC}/messages", url(*target))).timeout(REQUEST_TIMEOUT).json(&body);
         match http::send(request).await {
             Ok(r) if r.status == 201 => return r.body["sequence"].as_u64(),
             Ok(r) if r.status == 409 => {
@@ -470,6 +400,8 @@ async fn publish(
 /// Background publishers with unique ids; `acked` maps id → acknowledged sequence.
 struct Load {
     acked: Arc<Mutex<HashMap<String, u64>>>,
+    /// (time of the latest acknowledgement, longest time between two of them).
+    ack_gap: Arc<Mutex<(Option<Instant>, Duration)>>,
     errors: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
@@ -478,33 +410,34 @@ struct Load {
 impl Load {
     fn start(tag: &str) -> Load {
         let acked = Arc::new(Mutex::new(HashMap::new()));
+        let ack_gap = Arc::new(Mutex::new((None, Duration::ZERO)));
         let errors = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = (0..PUBLISHERS)
             .map(|p| {
-                let (tag, acked, errors, stop) =
-                    (tag.to_string(), acked.clone(), errors.clone(), stop.clone());
+                let (tag, acked, errors, stop) = (tag.to_string(), acked.clone(), errors.clone(), stop.clone());
+                let ack_gap = ack_gap.clone();
                 tokio::spawn(async move {
                     let mut target = p % PORTS.len();
                     let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let id = format!("{tag}-p{p}-{n}");
                         let payload = json!({"scenario": tag, "publisher": p, "n": n});
-                        if let Some(seq) = publish(&mut target, &id, &payload, &errors, &stop).await
-                        {
+                        if let Some(seq) = publish(&mut target, &id, &payload, &errors, &stop).await {
                             acked.lock().unwrap().insert(id, seq);
+                            let now = Instant::now();
+                            let mut gap = ack_gap.lock().unwrap();
+                            if let Some(previous) = gap.0 {
+                                gap.1 = gap.1.max(now - previous);
+                            }
+                            gap.0 = Some(now);
                         }
                         n += 1;
                     }
                 })
             })
             .collect();
-        Load {
-            acked,
-            errors,
-            stop,
-            tasks,
-        }
+        Load { acked, ack_gap, errors, stop, tasks }
     }
 
     fn count(&self) -> usize {
@@ -514,21 +447,21 @@ impl Load {
     /// Waits for `more` acknowledgements beyond the current count: writes are being accepted.
     async fn wait_more(&self, more: usize, what: &str) {
         let goal = self.count() + more;
-        wait_until(
-            &format!("{more} more publishes acknowledged ({what})"),
-            LEADER_WAIT,
-            || async { (self.count() >= goal).then_some(()) },
-        )
+        wait_until(&format!("{more} more publishes acknowledged ({what})"), LEADER_WAIT, || async {
+            (self.count() >= goal).then_some(())
+        })
         .await;
     }
 
-    async fn finish(self) -> (HashMap<String, u64>, u64) {
+    /// Stops the publishers: (acked id → sequence, errors seen, longest time without an ack).
+    async fn finish(self) -> (HashMap<String, u64>, u64, Duration) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.tasks {
             t.await.expect("publisher task");
         }
         let acked = self.acked.lock().unwrap().clone();
-        (acked, self.errors.load(Ordering::Relaxed))
+        let gap = self.ack_gap.lock().unwrap().1;
+        (acked, self.errors.load(Ordering::Relaxed), gap)
     }
 }
 
@@ -554,21 +487,17 @@ impl SubState {
     fn on_frame(&mut self, who: &str, frame: &Value) {
         match frame["type"].as_str() {
             Some("message") => {
-                let (Some(seq), Some(id)) = (frame["sequence"].as_u64(), frame["id"].as_str())
-                else {
-                    self.violations
-                        .push(format!("{who}: malformed message frame {frame}"));
+                let (Some(seq), Some(id)) = (frame["sequence"].as_u64(), frame["id"].as_str()) else {
+                    self.violations.push(format!("{who}: malformed message frame {frame}"));
                     return;
                 };
                 let last = self.last();
                 if seq <= last {
-                    self.violations
-                        .push(format!("{who}: duplicate: sequence {seq} after {last}"));
+                    self.violations.push(format!("{who}: duplicate: sequence {seq} after {last}"));
                     return;
                 }
                 if seq > last + 1 {
-                    self.violations
-                        .push(format!("{who}: gap: sequence {seq} after {last}"));
+                    self.violations.push(format!("{who}: gap: sequence {seq} after {last}"));
                     self.ids.resize(seq as usize - 1, MISSING.into());
                 }
                 self.ids.push(id.to_string());
@@ -597,23 +526,17 @@ fn spawn_subscriber(who: &'static str, node: usize, stop: Arc<AtomicBool>) -> Ar
     tokio::spawn(async move {
         while !stop.load(Ordering::Relaxed) {
             let cursor = shared.lock().unwrap().last();
-            let ws_url = format!(
-                "ws://127.0.0.1:{}/topics/{TOPIC}/subscribe?subscriber_id={who}&cursor={cursor}",
-                PORTS[node]
-            );
-            let mut ws = match tokio::time::timeout(
-                Duration::from_secs(3),
-                tokio_tungstenite::connect_async(ws_url),
-            )
-            .await
-            {
-                Ok(Ok((ws, _))) => ws,
-                // Node down, cut, or behind our cursor (400 invalid_cursor): try again shortly.
-                _ => {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    continue;
-                }
-            };
+            let ws_url =
+                format!("ws://127.0.0.1:{}/topics/{TOPIC}/subscribe?subscriber_id={who}&cursor={cursor}", PORTS[node]);
+            let mut ws =
+                match tokio::time::timeout(Duration::from_secs(3), tokio_tungstenite::connect_async(ws_url)).await {
+                    Ok(Ok((ws, _))) => ws,
+                    // Node down, cut, or behind our cursor (400 invalid_cursor): try again shortly.
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
+                };
             let mut idle = Duration::ZERO;
             while !stop.load(Ordering::Relaxed) && idle < SUBSCRIBER_IDLE {
                 match tokio::time::timeout(Duration::from_secs(1), ws.next()).await {
@@ -646,33 +569,24 @@ fn spawn_subscriber(who: &'static str, node: usize, stop: Arc<AtomicBool>) -> Ar
 
 /// Waits until every node serves the same history, then checks it against what was acknowledged:
 /// contiguous from 1, no id twice, every acked id at its acked sequence. Returns the history.
-async fn converge(
-    acked: &HashMap<String, u64>,
-    violations: &mut Vec<String>,
-) -> Vec<(u64, String)> {
+async fn converge(acked: &HashMap<String, u64>, violations: &mut Vec<String>) -> Vec<(u64, String)> {
     let need = acked.values().copied().max().unwrap_or(0) as usize;
     let deadline = Instant::now() + CONVERGE;
     let lists = loop {
-        let lists: Vec<Option<Vec<(u64, String)>>> =
-            join_all((0..PORTS.len()).map(|i| read_all_owned(url(i)))).await;
-        let agreed = lists.iter().all(|l| l.is_some() && *l == lists[0])
-            && lists[0].as_ref().is_some_and(|l| l.len() >= need);
+        let lists: Vec<Option<Vec<(u64, String)>>> = join_all((0..PORTS.len()).map(|i| read_all_owned(url(i)))).await;
+        let agreed =
+            lists.iter().all(|l| l.is_some() && *l == lists[0]) && lists[0].as_ref().is_some_and(|l| l.len() >= need);
         if agreed {
             break lists;
         }
         if Instant::now() > deadline {
-            let lens: Vec<String> = lists
-                .iter()
-                .map(|l| l.as_ref().map_or("none".into(), |l| l.len().to_string()))
-                .collect();
-            let mut detail = format!("nodes did not converge within {CONVERGE:?}: lengths {lens:?}, highest acked {need}");
+            let lens: Vec<String> =
+                lists.iter().map(|l| l.as_ref().map_or("none".into(), |l| l.len().to_string())).collect();
+            let mut detail =
+                format!("nodes did not converge within {CONVERGE:?}: lengths {lens:?}, highest acked {need}");
             if let (Some(Some(a)), Some(Some(b))) = (lists.first(), lists.get(1)) {
                 if let Some(k) = a.iter().zip(b).position(|(x, y)| x != y) {
-                    let _ = write!(
-                        detail,
-                        "; node-1 and node-2 differ first at {:?} vs {:?}",
-                        a[k], b[k]
-                    );
+                    let _ = write!(detail, "; node-1 and node-2 differ first at {:?} vs {:?}", a[k], b[k]);
                 }
             }
             violations.push(detail);
@@ -680,17 +594,10 @@ async fn converge(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let log = lists
-        .into_iter()
-        .flatten()
-        .max_by_key(|l| l.len())
-        .unwrap_or_default();
+    let log = lists.into_iter().flatten().max_by_key(|l| l.len()).unwrap_or_default();
     for (i, (seq, _)) in log.iter().enumerate() {
         if *seq != i as u64 + 1 {
-            violations.push(format!(
-                "history not contiguous: position {} holds sequence {seq}",
-                i + 1
-            ));
+            violations.push(format!("history not contiguous: position {} holds sequence {seq}", i + 1));
             break;
         }
     }
@@ -700,27 +607,16 @@ async fn converge(
             violations.push(format!("id {id} appears twice (again at sequence {seq})"));
         }
     }
-    let mut lost: Vec<(&String, &u64)> = acked
-        .iter()
-        .filter(|(id, seq)| log.get(**seq as usize - 1).map(|(_, i)| i) != Some(*id))
-        .collect();
+    let mut lost: Vec<(&String, &u64)> =
+        acked.iter().filter(|(id, seq)| log.get(**seq as usize - 1).map(|(_, i)| i) != Some(*id)).collect();
     lost.sort_by_key(|(_, seq)| **seq);
     if !lost.is_empty() {
         let sample: Vec<String> = lost
             .iter()
             .take(5)
-            .map(|(id, seq)| {
-                format!(
-                    "{id}@{seq} (history has {:?})",
-                    log.get(**seq as usize - 1).map(|(_, i)| i)
-                )
-            })
+            .map(|(id, seq)| format!("{id}@{seq} (history has {:?})", log.get(**seq as usize - 1).map(|(_, i)| i)))
             .collect();
-        violations.push(format!(
-            "{} acknowledged publishes not at their sequence: {}",
-            lost.len(),
-            sample.join(", ")
-        ));
+        violations.push(format!("{} acknowledged publishes not at their sequence: {}", lost.len(), sample.join(", ")));
     }
     log
 }
@@ -743,31 +639,13 @@ async fn check_subscriber(
     let mut s = state.lock().unwrap();
     violations.append(&mut s.violations);
     if (s.last() as usize) < log.len() {
-        violations.push(format!(
-            "{who}: saw {} of {} messages within {CONVERGE:?}",
-            s.last(),
-            log.len()
-        ));
+        violations.push(format!("{who}: saw {} of {} messages within {CONVERGE:?}", s.last(), log.len()));
     }
     if s.ids.len() > log.len() {
-        violations.push(format!(
-            "{who}: saw sequence {} beyond the history's {}",
-            s.ids.len(),
-            log.len()
-        ));
+        violations.push(format!("{who}: saw sequence {} beyond the history's {}", s.ids.len(), log.len()));
     }
-    if let Some(k) = s
-        .ids
-        .iter()
-        .zip(log)
-        .position(|(seen, (_, id))| seen != id && seen != EXPIRED)
-    {
-        violations.push(format!(
-            "{who}: sequence {} was {} but the history has {}",
-            k + 1,
-            s.ids[k],
-            log[k].1
-        ));
+    if let Some(k) = s.ids.iter().zip(log).position(|(seen, (_, id))| seen != id && seen != EXPIRED) {
+        violations.push(format!("{who}: sequence {} was {} but the history has {}", k + 1, s.ids[k], log[k].1));
     }
 }
 
@@ -776,6 +654,8 @@ struct Report {
     name: &'static str,
     elapsed: Duration,
     leaderless: Duration,
+    /// Longest time between two acknowledged publishes: the outage the writers saw.
+    ack_gap: Duration,
     acked: usize,
     publish_errors: u64,
     reconnects: u64,
@@ -804,18 +684,12 @@ struct Phase {
 
 impl Run {
     fn reconnects(&self) -> u64 {
-        self.subscribers
-            .iter()
-            .map(|(_, s)| s.lock().unwrap().reconnects)
-            .sum()
+        self.subscribers.iter().map(|(_, s)| s.lock().unwrap().reconnects).sum()
     }
 
     /// Starts the load and the monitor, and waits until publishes are being acknowledged.
     async fn begin(&self, name: &'static str, tag: &str) -> Phase {
-        assert!(
-            self.started.elapsed() < TEST_BUDGET,
-            "test budget of {TEST_BUDGET:?} spent before scenario {name:?}"
-        );
+        assert!(self.started.elapsed() < TEST_BUDGET, "test budget of {TEST_BUDGET:?} spent before scenario {name:?}");
         println!("--- {name}");
         let started = Instant::now();
         let reconnects_before = self.reconnects();
@@ -823,20 +697,13 @@ impl Run {
         let monitor_stop = Arc::new(AtomicBool::new(false));
         let monitor = start_monitor(monitor_stop.clone());
         load.wait_more(ACKS_PER_PHASE, "before the fault").await;
-        Phase {
-            name,
-            started,
-            load,
-            monitor_stop,
-            monitor,
-            reconnects_before,
-        }
+        Phase { name, started, load, monitor_stop, monitor, reconnects_before }
     }
 
     /// Waits for writes after the heal, stops the load, checks convergence and subscribers.
     async fn end(&mut self, phase: Phase, note: String, mut violations: Vec<String>) {
         phase.load.wait_more(ACKS_PER_PHASE, "after healing").await;
-        let (acked, publish_errors) = phase.load.finish().await;
+        let (acked, publish_errors, ack_gap) = phase.load.finish().await;
         phase.monitor_stop.store(true, Ordering::Relaxed);
         let stats = phase.monitor.await.expect("monitor task");
         violations.extend(stats.violations);
@@ -853,6 +720,7 @@ impl Run {
             name: phase.name,
             elapsed: phase.started.elapsed(),
             leaderless: stats.leaderless,
+            ack_gap,
             acked: acked.len(),
             publish_errors,
             reconnects: self.reconnects() - phase.reconnects_before,
@@ -869,17 +737,18 @@ impl Run {
 
 fn report_header() -> String {
     format!(
-        "{:<34} {:>7} {:>10} {:>6} {:>10} {:>10} {:>10}  notes",
-        "scenario", "time", "no-leader", "acked", "pub-errors", "reconnects", "violations"
+        "{:<30} {:>6} {:>9} {:>8} {:>6} {:>10} {:>10} {:>10}  notes",
+        "scenario", "time", "no-leader", "ack-gap", "acked", "pub-errors", "reconnects", "violations"
     )
 }
 
 fn report_line(r: &Report) -> String {
     format!(
-        "{:<34} {:>6.1}s {:>9.2}s {:>6} {:>10} {:>10} {:>10}  {}",
+        "{:<30} {:>5.1}s {:>8.2}s {:>7.2}s {:>6} {:>10} {:>10} {:>10}  {}",
         r.name,
         r.elapsed.as_secs_f64(),
         r.leaderless.as_secs_f64(),
+        r.ack_gap.as_secs_f64(),
         r.acked,
         r.publish_errors,
         r.reconnects,
@@ -900,22 +769,15 @@ fn secs(d: Duration) -> String {
 async fn leader_kill(run: &mut Run) {
     let phase = run.begin("docker kill leader, start", "kill").await;
     let old = wait_leader(LEADER_WAIT).await;
-    docker(&["kill", &run.deployment.containers[old]])
-        .await
-        .expect("docker kill");
+    docker(&["kill", &run.deployment.containers[old]]).await.expect("docker kill");
     let t0 = Instant::now();
     let new = wait_until("a new leader", LEADER_WAIT, || async {
         majority_leader(&cluster_infos().await).filter(|&l| l != old)
     })
     .await;
     let elected = t0.elapsed();
-    phase
-        .load
-        .wait_more(ACKS_PER_PHASE, "with the old leader dead")
-        .await;
-    docker(&["start", &run.deployment.containers[old]])
-        .await
-        .expect("docker start");
+    phase.load.wait_more(ACKS_PER_PHASE, "with the old leader dead").await;
+    docker(&["start", &run.deployment.containers[old]]).await.expect("docker start");
     let t1 = Instant::now();
     wait_ready(old, NODE_BACK).await;
     wait_caught_up(old, NODE_BACK).await;
@@ -934,28 +796,19 @@ async fn leader_kill(run: &mut Run) {
 async fn leader_pause(run: &mut Run) {
     let phase = run.begin("docker pause leader 3.5s", "pause").await;
     let old = wait_leader(LEADER_WAIT).await;
-    docker(&["pause", &run.deployment.containers[old]])
-        .await
-        .expect("docker pause");
+    docker(&["pause", &run.deployment.containers[old]]).await.expect("docker pause");
     let t0 = Instant::now();
-    let new = wait_until(
-        "a new leader while the old one is paused",
-        LEADER_WAIT,
-        || async { majority_leader(&cluster_infos().await).filter(|&l| l != old) },
-    )
+    let new = wait_until("a new leader while the old one is paused", LEADER_WAIT, || async {
+        majority_leader(&cluster_infos().await).filter(|&l| l != old)
+    })
     .await;
     let elected = t0.elapsed();
-    phase
-        .load
-        .wait_more(ACKS_PER_PHASE, "with the old leader paused")
-        .await;
+    phase.load.wait_more(ACKS_PER_PHASE, "with the old leader paused").await;
     if let Some(rest) = PAUSE.checked_sub(t0.elapsed()) {
         // The fault's duration, not a synchronization: the pause must outlast the election timeout.
         tokio::time::sleep(rest).await;
     }
-    docker(&["unpause", &run.deployment.containers[old]])
-        .await
-        .expect("docker unpause");
+    docker(&["unpause", &run.deployment.containers[old]]).await.expect("docker unpause");
     let paused = t0.elapsed();
     let t1 = Instant::now();
     let leader = wait_agreement(LEADER_WAIT).await;
@@ -980,10 +833,7 @@ async fn follower_cut(run: &mut Run) {
     let follower = (leader + 1) % PORTS.len();
     run.deployment.disconnect(follower).await;
     let t0 = Instant::now();
-    phase
-        .load
-        .wait_more(ACKS_PER_PHASE, "with a follower cut off")
-        .await;
+    phase.load.wait_more(ACKS_PER_PHASE, "with a follower cut off").await;
     if let Some(rest) = CUT.checked_sub(t0.elapsed()) {
         tokio::time::sleep(rest).await; // the partition's duration
     }
@@ -991,12 +841,7 @@ async fn follower_cut(run: &mut Run) {
     let cut = t0.elapsed();
     let t1 = Instant::now();
     wait_caught_up(follower, NODE_BACK).await;
-    let note = format!(
-        "cut {} for {}; caught up {} after reconnect",
-        name(follower),
-        secs(cut),
-        secs(t1.elapsed())
-    );
+    let note = format!("cut {} for {}; caught up {} after reconnect", name(follower), secs(cut), secs(t1.elapsed()));
     run.end(phase, note, Vec::new()).await;
 }
 
@@ -1040,17 +885,12 @@ async fn leader_cut(run: &mut Run) {
         })
     };
 
-    let new = wait_until(
-        "a new leader among the two followers",
-        LEADER_WAIT,
-        || async { majority_leader(&cluster_infos().await).filter(|&l| l != old) },
-    )
+    let new = wait_until("a new leader among the two followers", LEADER_WAIT, || async {
+        majority_leader(&cluster_infos().await).filter(|&l| l != old)
+    })
     .await;
     let elected = t0.elapsed();
-    phase
-        .load
-        .wait_more(ACKS_PER_PHASE, "with the leader cut off")
-        .await;
+    phase.load.wait_more(ACKS_PER_PHASE, "with the leader cut off").await;
     if let Some(rest) = CUT.checked_sub(t0.elapsed()) {
         tokio::time::sleep(rest).await; // the partition's duration
     }
@@ -1084,64 +924,75 @@ async fn leader_cut(run: &mut Run) {
         }
     }
     if !cut_acks.is_empty() {
-        println!(
-            "    note: {} writes to the cut leader answered 201: {cut_acks:?}",
-            cut_acks.len()
-        );
+        println!("    note: {} writes to the cut leader answered 201: {cut_acks:?}", cut_acks.len());
     }
     run.end(phase, note, violations).await;
 }
 
-/// `docker restart` (SIGTERM, then start) of each node in turn, under load.
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970").as_secs()
+}
+
+/// Exit codes of `container`'s deaths since `since_s` (Unix seconds), from Docker's event log.
+async fn exit_codes_since(container: &str, since_s: u64) -> Vec<String> {
+    let out = docker(&[
+        "events",
+        "--since",
+        &since_s.to_string(),
+        "--until",
+        &(unix_now_s() + 1).to_string(),
+        "--filter",
+        &format!("container={container}"),
+        "--filter",
+        "event=die",
+        "--format",
+        "{{.Actor.Attributes.exitCode}}",
+    ])
+    .await
+    .expect("docker events");
+    out.lines().map(str::to_string).collect()
+}
+
+/// `docker restart` (SIGTERM, then start) of each node in turn, under load. Each must exit 0.
 async fn rolling_restart(run: &mut Run) {
     let phase = run.begin("rolling docker restart", "roll").await;
     let mut times = Vec::new();
+    let mut violations = Vec::new();
     for i in 0..PORTS.len() {
         let t0 = Instant::now();
-        docker(&["restart", "-t", "20", &run.deployment.containers[i]])
-            .await
-            .expect("docker restart");
+        let since_s = unix_now_s();
+        docker(&["restart", "-t", "20", &run.deployment.containers[i]]).await.expect("docker restart");
+        let codes = exit_codes_since(&run.deployment.containers[i], since_s).await;
+        if codes != ["0"] {
+            violations.push(format!("{} exited with {codes:?} on SIGTERM (docker restart), expected [\"0\"]", name(i)));
+        }
         wait_ready(i, NODE_BACK).await;
         wait_leader(LEADER_WAIT).await;
         wait_caught_up(i, NODE_BACK).await;
         times.push(format!("{} {}", name(i), secs(t0.elapsed())));
-        phase
-            .load
-            .wait_more(ACKS_PER_PHASE / 2, "between restarts")
-            .await;
+        phase.load.wait_more(ACKS_PER_PHASE / 2, "between restarts").await;
     }
     let note = format!("restart to caught up: {}", times.join(", "));
-    run.end(phase, note, Vec::new()).await;
+    run.end(phase, note, violations).await;
 }
 
 /// `docker compose stop` (SIGTERM to all: each must exit 0) and `start`: all data back.
 async fn full_stop_start(run: &mut Run) {
     let phase = run.begin("compose stop + start (all)", "full").await;
     let t0 = Instant::now();
-    run.deployment
-        .compose(&["stop", "-t", "20"])
-        .await
-        .expect("compose stop");
+    run.deployment.compose(&["stop", "-t", "20"]).await.expect("compose stop");
     let stopped = t0.elapsed();
     let mut violations = Vec::new();
     let mut codes = Vec::new();
     for (i, c) in run.deployment.containers.iter().enumerate() {
-        let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", c])
-            .await
-            .expect("inspect exit code");
+        let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", c]).await.expect("inspect exit code");
         if code != "0" {
-            violations.push(format!(
-                "{} exited with code {code} on SIGTERM (expected 0)",
-                name(i)
-            ));
+            violations.push(format!("{} exited with code {code} on SIGTERM (expected 0)", name(i)));
         }
         codes.push(code);
     }
     let t1 = Instant::now();
-    run.deployment
-        .compose(&["start"])
-        .await
-        .expect("compose start");
+    run.deployment.compose(&["start"]).await.expect("compose start");
     for i in 0..PORTS.len() {
         wait_ready(i, NODE_BACK).await;
     }
@@ -1178,9 +1029,7 @@ async fn docker_faults_lose_no_acknowledged_publish_and_keep_one_history() {
     // The image's HEALTHCHECK (pubsub-probe on /ready) must report every node healthy.
     wait_until("all containers healthy", STARTUP, || async {
         for c in &deployment.containers {
-            let health = docker(&["inspect", "-f", "{{.State.Health.Status}}", c])
-                .await
-                .ok()?;
+            let health = docker(&["inspect", "-f", "{{.State.Health.Status}}", c]).await.ok()?;
             if health != "healthy" {
                 return None;
             }
@@ -1191,9 +1040,7 @@ async fn docker_faults_lose_no_acknowledged_publish_and_keep_one_history() {
     println!("cluster up and healthy in {}", secs(started.elapsed()));
 
     let leader = wait_leader(LEADER_WAIT).await;
-    let r = http::post_raw(&format!("{}/topics/{TOPIC}", url(leader)), "")
-        .await
-        .expect("create topic");
+    let r = http::post_raw(&format!("{}/topics/{TOPIC}", url(leader)), "").await.expect("create topic");
     assert!(r.status == 201 || r.status == 200, "create topic: {r:?}");
     wait_until("the topic on every node", LEADER_WAIT, || async {
         let lists = join_all((0..PORTS.len()).map(|i| read_all_owned(url(i)))).await;
@@ -1203,22 +1050,10 @@ async fn docker_faults_lose_no_acknowledged_publish_and_keep_one_history() {
 
     let stop_subscribers = Arc::new(AtomicBool::new(false));
     let subscribers = vec![
-        (
-            "sub-node1",
-            spawn_subscriber("sub-node1", 0, stop_subscribers.clone()),
-        ),
-        (
-            "sub-node3",
-            spawn_subscriber("sub-node3", 2, stop_subscribers.clone()),
-        ),
+        ("sub-node1", spawn_subscriber("sub-node1", 0, stop_subscribers.clone())),
+        ("sub-node3", spawn_subscriber("sub-node3", 2, stop_subscribers.clone())),
     ];
-    let mut run = Run {
-        deployment,
-        acked: HashMap::new(),
-        subscribers,
-        reports: Vec::new(),
-        started,
-    };
+    let mut run = Run { deployment, acked: HashMap::new(), subscribers, reports: Vec::new(), started };
 
     leader_kill(&mut run).await;
     leader_pause(&mut run).await;
@@ -1228,33 +1063,19 @@ async fn docker_faults_lose_no_acknowledged_publish_and_keep_one_history() {
     full_stop_start(&mut run).await;
     stop_subscribers.store(true, Ordering::Relaxed);
 
-    println!(
-        "\n=== docker fault report ({PROJECT}, 3 nodes, {} total) ===",
-        secs(started.elapsed())
-    );
+    println!("\n=== docker fault report ({PROJECT}, 3 nodes, {} total) ===", secs(started.elapsed()));
     println!("{}", report_header());
     for r in &run.reports {
         println!("{}", report_line(r));
     }
-    let violations: Vec<String> = run
-        .reports
-        .iter()
-        .flat_map(|r| r.violations.iter().map(move |v| format!("{}: {v}", r.name)))
-        .collect();
+    let violations: Vec<String> =
+        run.reports.iter().flat_map(|r| r.violations.iter().map(move |v| format!("{}: {v}", r.name))).collect();
     println!(
         "total: {} publishes acknowledged, {} violations",
         run.reports.iter().map(|r| r.acked).sum::<usize>(),
         violations.len()
     );
     // On failure the deployment's Drop prints the tail of every node's log.
-    assert!(
-        violations.is_empty(),
-        "violations:\n{}",
-        violations.join("\n")
-    );
-    assert!(
-        started.elapsed() < TEST_BUDGET,
-        "took {:?}, budget {TEST_BUDGET:?}",
-        started.elapsed()
-    );
+    assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
+    assert!(started.elapsed() < TEST_BUDGET, "took {:?}, budget {TEST_BUDGET:?}", started.elapsed());
 }

@@ -112,10 +112,7 @@ pub struct BenchReport {
 
 /// Microseconds since the Unix epoch by this machine's clock.
 pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// A payload `{"pad": "xx…", "t_us": t}` that is `size_bytes` long as compact JSON, or as
@@ -171,17 +168,14 @@ struct Work {
 impl Work {
     /// Claims up to `n` messages; 0 when nothing is left or the run must stop.
     fn claim(&self, n: u64) -> u64 {
-        if self.abort.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() >= d)
-        {
+        if self.abort.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
         }
         let mut taken = 0;
-        let _ = self
-            .remaining
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                taken = left.min(n);
-                Some(left - taken)
-            });
+        let _ = self.remaining.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            taken = left.min(n);
+            Some(left - taken)
+        });
         taken
     }
 }
@@ -216,12 +210,7 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     let mut subscriber_tasks = Vec::new();
     for i in 0..config.subscribers {
         let id = format!("bench-{i}-{}", uuid::Uuid::new_v4().simple());
-        let sub = client
-            .subscribe(
-                &config.topic,
-                SubscribeOptions::new(id).cursor(Cursor::Latest),
-            )
-            .await?;
+        let sub = client.subscribe(&config.topic, SubscribeOptions::new(id).cursor(Cursor::Latest)).await?;
         let drain = config.drain_timeout;
         subscriber_tasks.push(tokio::spawn(subscriber(sub, target_rx.clone(), drain)));
     }
@@ -235,14 +224,7 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..publishers {
-        tasks.push(tokio::spawn(publisher(
-            client.clone(),
-            config.clone(),
-            batch,
-            inflight,
-            work.clone(),
-            bar.clone(),
-        )));
+        tasks.push(tokio::spawn(publisher(client.clone(), config.clone(), batch, inflight, work.clone(), bar.clone())));
     }
     let mut latency = histogram();
     let (mut acked, mut errors, mut first_error) = (0u64, 0u64, None);
@@ -295,8 +277,7 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
         p999_ms: ms(&latency, 0.999),
         max_ms: latency.max() as f64 / 1000.0,
         delivered: fanout.then_some(delivered),
-        deliver_missing: fanout
-            .then(|| (acked * config.subscribers as u64).saturating_sub(delivered)),
+        deliver_missing: fanout.then(|| (acked * config.subscribers as u64).saturating_sub(delivered)),
         deliver_errors: fanout.then_some(deliver_errors),
         deliver_p50_ms: some_if(ms(&deliver, 0.5)),
         deliver_p99_ms: some_if(ms(&deliver, 0.99)),
@@ -306,15 +287,11 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
 }
 
 fn progress_bar(messages: u64, visible: bool) -> ProgressBar {
-    let target = if visible {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
+    let target = if visible { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
     let bar = ProgressBar::with_draw_target(Some(messages), target);
-    if let Ok(style) = ProgressStyle::with_template(
-        "[{elapsed_precise}] {wide_bar} {pos}/{len} msgs  {per_sec}  eta {eta}",
-    ) {
+    if let Ok(style) =
+        ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} msgs  {per_sec}  eta {eta}")
+    {
         bar.set_style(style);
     }
     bar
@@ -330,12 +307,7 @@ async fn publisher(
     bar: ProgressBar,
 ) -> PublisherResult {
     let topic: Arc<str> = Arc::from(config.topic.as_str());
-    let mut result = PublisherResult {
-        latency: histogram(),
-        acked: 0,
-        errors: 0,
-        first_error: None,
-    };
+    let mut result = PublisherResult { latency: histogram(), acked: 0, errors: 0, first_error: None };
     let mut pending = FuturesUnordered::new();
     loop {
         while pending.len() < inflight {
@@ -350,19 +322,21 @@ async fn publisher(
                 let started = Instant::now();
                 let outcome = if single {
                     let message = NewMessage::new(payload(size, now_us()));
-                    client
-                        .publish_message(&topic, message, ack)
-                        .await
-                        .map(|_| 0u64)
+                    client.publish_message(&topic, message, ack).await.map(|_| 0u64)
                 } else {
-                    let messages = (0..n)
-                        .map(|_| NewMessage::new(payload(size, now_us())))
-                        .collect();
+                    let messages = (0..n).map(|_| NewMessage::new(payload(size, now_us()))).collect();
                     client.publish_batch(&topic, messages).await.map(|ack| {
+                        // A duplicate without a sequence is still in flight and may fail:
+                        // it is not counted as acknowledged.
                         let failed = ack
                             .results
                             .iter()
-                            .filter(|item| matches!(item, BatchItem::Failed { .. }))
+                            .filter(|item| {
+                                matches!(
+                                    item,
+                                    BatchItem::Failed { .. } | BatchItem::Duplicate { existing_sequence: None, .. }
+                                )
+                            })
                             .count();
                         failed as u64
                     })
@@ -414,8 +388,7 @@ async fn subscriber(
                 drain_deadline = Some(tokio::time::Instant::now() + drain);
             }
         }
-        let sleep_until = drain_deadline
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
+        let sleep_until = drain_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
         tokio::select! {
             _ = tokio::time::sleep_until(sleep_until) => break,
             changed = target.changed() => {
@@ -460,11 +433,7 @@ mod tests {
 
     #[test]
     fn work_is_claimed_in_batches_until_none_is_left() {
-        let work = Work {
-            remaining: AtomicU64::new(25),
-            deadline: None,
-            abort: AtomicBool::new(false),
-        };
+        let work = Work { remaining: AtomicU64::new(25), deadline: None, abort: AtomicBool::new(false) };
         assert_eq!(work.claim(10), 10);
         assert_eq!(work.claim(10), 10);
         assert_eq!(work.claim(10), 5);
@@ -473,17 +442,10 @@ mod tests {
 
     #[test]
     fn work_stops_at_the_deadline_or_on_abort() {
-        let past = Work {
-            remaining: AtomicU64::new(25),
-            deadline: Some(Instant::now()),
-            abort: AtomicBool::new(false),
-        };
+        let past =
+            Work { remaining: AtomicU64::new(25), deadline: Some(Instant::now()), abort: AtomicBool::new(false) };
         assert_eq!(past.claim(1), 0);
-        let aborted = Work {
-            remaining: AtomicU64::new(25),
-            deadline: None,
-            abort: AtomicBool::new(true),
-        };
+        let aborted = Work { remaining: AtomicU64::new(25), deadline: None, abort: AtomicBool::new(true) };
         assert_eq!(aborted.claim(1), 0);
     }
 
@@ -520,9 +482,7 @@ mod tests {
                 .route("/cluster", get(move || async move { Json(cluster) }))
                 .route(
                     "/topics/{name}",
-                    post(|| async {
-                        Json(json!({"topic": "t", "created": true, "raft_index": 1}))
-                    }),
+                    post(|| async { Json(json!({"topic": "t", "created": true, "raft_index": 1})) }),
                 )
                 .route(
                     "/topics/{name}/messages",

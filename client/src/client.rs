@@ -12,9 +12,8 @@ use crate::error::{Error, ErrorCode};
 use crate::limits;
 use crate::retry::RetryPolicy;
 use crate::types::{
-    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, MessagePage,
-    NewMessage, PublishAck, RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList,
-    TopicSummary,
+    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, MessagePage, NewMessage, PublishAck,
+    RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList, TopicSummary,
 };
 
 /// Everything a [`Client`] can be tuned with. Build it with [`ClientBuilder`].
@@ -198,10 +197,7 @@ pub struct ReadOptions {
 impl ReadOptions {
     /// Messages after this cursor.
     pub fn after(cursor: u64) -> ReadOptions {
-        ReadOptions {
-            after: cursor,
-            ..ReadOptions::default()
-        }
+        ReadOptions { after: cursor, ..ReadOptions::default() }
     }
 
     /// At most this many messages.
@@ -242,9 +238,7 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        ClientBuilder {
-            config: ClientConfig::new(seeds),
-        }
+        ClientBuilder { config: ClientConfig::new(seeds) }
     }
 
     /// A client with this configuration.
@@ -267,15 +261,7 @@ impl Client {
             .build()
             .map_err(|e| Error::InvalidArgument(format!("HTTP client: {e}")))?;
         Ok(Client {
-            inner: Arc::new(Inner {
-                http,
-                config,
-                nodes: Mutex::new(Nodes {
-                    known,
-                    leader: None,
-                    next: 0,
-                }),
-            }),
+            inner: Arc::new(Inner { http, config, nodes: Mutex::new(Nodes { known, leader: None, next: 0 }) }),
         })
     }
 
@@ -286,11 +272,7 @@ impl Client {
 
     /// Base URLs of every node the client knows (seeds and learned peers).
     pub fn nodes(&self) -> Vec<String> {
-        self.lock_nodes()
-            .known
-            .iter()
-            .map(|u| u.to_string())
-            .collect()
+        self.lock_nodes().known.iter().map(|u| u.to_string()).collect()
     }
 
     /// Base URL of the cached leader, if any.
@@ -311,9 +293,7 @@ impl Client {
     /// # }
     /// ```
     pub async fn cluster(&self) -> Result<ClusterInfo, Error> {
-        let reply = self
-            .execute(&Call::new(Method::GET, &["cluster"], false))
-            .await?;
+        let reply = self.execute(&Call::new(Method::GET, &["cluster"], false)).await?;
         let info: ClusterInfo = reply.parse()?;
         self.learn(&info);
         Ok(info)
@@ -331,11 +311,7 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn create_topic(
-        &self,
-        name: &str,
-        metadata: Option<Value>,
-    ) -> Result<CreateTopicAck, Error> {
+    pub async fn create_topic(&self, name: &str, metadata: Option<Value>) -> Result<CreateTopicAck, Error> {
         let body = match metadata {
             Some(m) => serde_json::json!({ "metadata": m }),
             None => serde_json::json!({}),
@@ -346,34 +322,23 @@ impl Client {
 
     /// Active topics.
     pub async fn list_topics(&self) -> Result<Vec<TopicSummary>, Error> {
-        let list: TopicList = self
-            .execute(&Call::new(Method::GET, &["topics"], false))
-            .await?
-            .parse()?;
+        let list: TopicList = self.execute(&Call::new(Method::GET, &["topics"], false)).await?.parse()?;
         Ok(list.topics)
     }
 
     /// One topic's counters and metadata; `404 topic_not_found` when it does not exist.
     pub async fn get_topic(&self, name: &str) -> Result<TopicInfo, Error> {
-        self.execute(&Call::new(Method::GET, &["topics", name], false))
-            .await?
-            .parse()
+        self.execute(&Call::new(Method::GET, &["topics", name], false)).await?.parse()
     }
 
     /// Deletes a topic. When an earlier attempt of this same call may have deleted it and a
     /// retry then finds it missing, that is reported as success with `raft_index: None`.
     pub async fn delete_topic(&self, name: &str) -> Result<DeleteTopicAck, Error> {
-        let reply = self
-            .execute(&Call::new(Method::DELETE, &["topics", name], true))
-            .await?;
+        let reply = self.execute(&Call::new(Method::DELETE, &["topics", name], true)).await?;
         if reply.status == 404 && reply.maybe_applied {
             let err = reply.api_error();
             if err.code == ErrorCode::TopicNotFound {
-                return Ok(DeleteTopicAck {
-                    topic: name.to_string(),
-                    deleted: true,
-                    raft_index: None,
-                });
+                return Ok(DeleteTopicAck { topic: name.to_string(), deleted: true, raft_index: None });
             }
         }
         reply.parse()
@@ -390,15 +355,23 @@ impl Client {
     /// # }
     /// ```
     pub async fn publish(&self, topic: &str, payload: Value) -> Result<PublishAck, Error> {
-        self.publish_message(topic, NewMessage::new(payload), AckMode::Committed)
-            .await
+        self.publish_message(topic, NewMessage::new(payload), AckMode::Committed).await
     }
 
     /// Publishes one message with the given id (generated when `None`) and ack mode.
     ///
-    /// A `409 duplicate_message_id` on a retry means an earlier attempt of this call got
-    /// through: it is returned as success with `duplicate: true` and the existing sequence.
-    /// On the first attempt it is an error (the id was used before).
+    /// Every attempt carries the same id, so a retry never publishes twice. How a
+    /// `409 duplicate_message_id` is read:
+    ///
+    /// - with `existing_sequence: null`, a publish of this id is still in flight on the leader
+    ///   and may yet fail. That is not a success: the call keeps retrying (same id, backoff)
+    ///   until it gets a `201`, or a `409` with a sequence, or its retry budget runs out (then
+    ///   it returns that `409` as [`Error::Api`]);
+    /// - with a sequence, after an earlier attempt of this call may have reached the server
+    ///   (a lost connection, `504 raft_timeout`, `500 not_committed`): that attempt got
+    ///   through, and the answer is success with `duplicate: true` and that sequence;
+    /// - with a sequence when no earlier attempt can have taken effect: the id was used
+    ///   before, by someone else or an earlier call, and it is an error.
     ///
     /// ```no_run
     /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
@@ -417,22 +390,22 @@ impl Client {
         ack: AckMode,
     ) -> Result<PublishAck, Error> {
         let id = ensure_id(&mut message)?;
-        let mut call =
-            Call::new(Method::POST, &["topics", topic, "messages"], true).json_body(&message)?;
+        let mut call = Call::new(Method::POST, &["topics", topic, "messages"], true).json_body(&message)?;
         if ack == AckMode::Appended {
             call.query.push(("ack", ack.as_str().to_string()));
         }
+        // A `409` whose `existing_sequence` is null never comes back from `execute`: it is
+        // retried until the first publish resolves (see `retry::classify`).
         let reply = self.execute(&call).await?;
-        if reply.status == 409 && reply.attempts > 1 {
+        if reply.status == 409 && reply.maybe_applied {
             let err = reply.api_error();
-            if err.code == ErrorCode::DuplicateMessageId {
-                let sequence = err.existing_sequence();
+            if let (ErrorCode::DuplicateMessageId, Some(sequence)) = (&err.code, err.existing_sequence()) {
                 return Ok(PublishAck {
                     id,
                     topic: topic.to_string(),
-                    sequence,
+                    sequence: Some(sequence),
                     raft_index: None,
-                    committed: sequence.is_some(),
+                    committed: true,
                     duplicate: true,
                 });
             }
@@ -453,11 +426,7 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn publish_batch(
-        &self,
-        topic: &str,
-        mut messages: Vec<NewMessage>,
-    ) -> Result<BatchAck, Error> {
+    pub async fn publish_batch(&self, topic: &str, mut messages: Vec<NewMessage>) -> Result<BatchAck, Error> {
         if messages.is_empty() || messages.len() > limits::BATCH_MESSAGES_MAX {
             return Err(Error::InvalidArgument(format!(
                 "a batch holds 1 to {} messages, not {}",
@@ -469,8 +438,7 @@ impl Client {
             ensure_id(message)?;
         }
         let body = serde_json::json!({ "messages": messages });
-        let call = Call::new(Method::POST, &["topics", topic, "messages", "batch"], true)
-            .json_body(&body)?;
+        let call = Call::new(Method::POST, &["topics", topic, "messages", "batch"], true).json_body(&body)?;
         let reply = self.execute(&call).await?;
         let raw: RawBatchAck = reply.parse()?;
         Ok(BatchAck {
@@ -478,7 +446,7 @@ impl Client {
             results: raw.results.into_iter().map(BatchItem::from).collect(),
             raft_index: raw.raft_index,
             committed: raw.committed,
-            retried: reply.attempts > 1,
+            retried: reply.maybe_applied,
         })
     }
 
@@ -496,11 +464,7 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn read_messages(
-        &self,
-        topic: &str,
-        options: ReadOptions,
-    ) -> Result<MessagePage, Error> {
+    pub async fn read_messages(&self, topic: &str, options: ReadOptions) -> Result<MessagePage, Error> {
         let mut call = Call::new(Method::GET, &["topics", topic, "messages"], false);
         call.query.push(("after", options.after.to_string()));
         if let Some(limit) = options.limit {
@@ -515,24 +479,15 @@ impl Client {
 
     /// Subscribers of a topic with their acked sequence and lag.
     pub async fn subscribers(&self, topic: &str) -> Result<Vec<SubscriberInfo>, Error> {
-        let list: SubscriberList = self
-            .execute(&Call::new(
-                Method::GET,
-                &["topics", topic, "subscribers"],
-                false,
-            ))
-            .await?
-            .parse()?;
+        let list: SubscriberList =
+            self.execute(&Call::new(Method::GET, &["topics", topic, "subscribers"], false)).await?.parse()?;
         Ok(list.subscribers)
     }
 }
 
 /// Gives the message an id if it has none, checks its length and returns it.
 fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
-    let id = message
-        .id
-        .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
-        .clone();
+    let id = message.id.get_or_insert_with(|| uuid::Uuid::new_v4().to_string()).clone();
     if id.is_empty() || id.chars().count() > limits::MESSAGE_ID_CHARS_MAX {
         return Err(Error::InvalidArgument(format!(
             "a message id has 1 to {} characters",

@@ -22,25 +22,17 @@ pub enum Cursor {
 
 /// Parses a server address into a node base URL.
 pub(crate) fn parse_base(address: &str) -> Result<Url, Error> {
-    let invalid = |reason: &str| Error::InvalidAddress {
-        address: address.to_string(),
-        reason: reason.to_string(),
-    };
+    let invalid = |reason: &str| Error::InvalidAddress { address: address.to_string(), reason: reason.to_string() };
     let trimmed = address.trim();
     if trimmed.is_empty() {
         return Err(invalid("empty"));
     }
-    let with_scheme = if trimmed.contains("://") {
-        trimmed.to_string()
-    } else {
-        format!("http://{trimmed}")
-    };
+    let with_scheme = if trimmed.contains("://") { trimmed.to_string() } else { format!("http://{trimmed}") };
     let mut url = Url::parse(&with_scheme).map_err(|e| invalid(&e.to_string()))?;
     match url.scheme() {
         "http" => {}
         "ws" => {
-            url.set_scheme("http")
-                .map_err(|()| invalid("cannot use as http"))?;
+            url.set_scheme("http").map_err(|()| invalid("cannot use as http"))?;
         }
         "https" | "wss" => return Err(invalid("TLS is not supported by this client")),
         other => return Err(invalid(&format!("unsupported scheme {other}"))),
@@ -63,11 +55,7 @@ pub(crate) fn base_of_location(location: &str) -> Option<Url> {
     let url = Url::parse(location).ok()?;
     let host = url.host_str()?;
     let port = url.port_or_known_default()?;
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host.to_string()
-    };
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
     parse_base(&format!("{host}:{port}")).ok()
 }
 
@@ -80,9 +68,7 @@ pub(crate) fn http_url(base: &Url, segments: &[&str], query: &[(&str, String)]) 
     if query.is_empty() {
         url.set_query(None);
     } else {
-        url.query_pairs_mut()
-            .clear()
-            .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        url.query_pairs_mut().clear().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
     }
     url
 }
@@ -114,12 +100,7 @@ mod tests {
 
     #[test]
     fn every_accepted_address_form_gives_the_same_base() {
-        for s in [
-            "127.0.0.1:8080",
-            "http://127.0.0.1:8080",
-            "http://127.0.0.1:8080/",
-            " ws://127.0.0.1:8080 ",
-        ] {
+        for s in ["127.0.0.1:8080", "http://127.0.0.1:8080", "http://127.0.0.1:8080/", " ws://127.0.0.1:8080 "] {
             assert_eq!(base(s).as_str(), "http://127.0.0.1:8080/", "{s}");
         }
         assert_eq!(base("node-2").as_str(), "http://node-2/");
@@ -127,13 +108,7 @@ mod tests {
 
     #[test]
     fn tls_paths_and_empty_addresses_are_refused() {
-        for s in [
-            "",
-            "https://h:1",
-            "http://h:1/api",
-            "ftp://h",
-            "http://h:1/?x=1",
-        ] {
+        for s in ["", "https://h:1", "http://h:1/api", "ftp://h", "http://h:1/?x=1"] {
             assert!(parse_base(s).is_err(), "{s} accepted");
         }
     }
@@ -141,25 +116,15 @@ mod tests {
     #[test]
     fn location_header_gives_the_leaders_base() {
         let loc = "http://127.0.0.1:8082/topics/orders/messages?ack=committed";
-        assert_eq!(
-            base_of_location(loc).map(|u| u.to_string()),
-            Some("http://127.0.0.1:8082/".to_string())
-        );
+        assert_eq!(base_of_location(loc).map(|u| u.to_string()), Some("http://127.0.0.1:8082/".to_string()));
         assert_eq!(base_of_location("/relative"), None);
     }
 
     #[test]
     fn paths_and_queries_are_built_and_topic_names_encoded() {
         let b = base("h:1");
-        let url = http_url(
-            &b,
-            &["topics", "orders", "messages"],
-            &[("after", "5".into()), ("limit", "10".into())],
-        );
-        assert_eq!(
-            url.as_str(),
-            "http://h:1/topics/orders/messages?after=5&limit=10"
-        );
+        let url = http_url(&b, &["topics", "orders", "messages"], &[("after", "5".into()), ("limit", "10".into())]);
+        assert_eq!(url.as_str(), "http://h:1/topics/orders/messages?after=5&limit=10");
         let odd = http_url(&b, &["topics", "a/b c"], &[]);
         assert_eq!(odd.as_str(), "http://h:1/topics/a%2Fb%20c");
     }

@@ -136,32 +136,19 @@ impl ApiError {
             Some(Value::String(s)) => s.clone(),
             Some(other) => other.to_string(),
             None if parsed.is_some() => String::new(),
-            None => String::from_utf8_lossy(body)
-                .trim()
-                .chars()
-                .take(200)
-                .collect(),
+            None => String::from_utf8_lossy(body).trim().chars().take(200).collect(),
         };
         let details = parsed
             .as_ref()
             .and_then(|v| v.get("details"))
             .cloned()
             .unwrap_or_else(|| Value::Object(Default::default()));
-        ApiError {
-            status,
-            code,
-            message,
-            details,
-            body: parsed.unwrap_or(Value::Null),
-        }
+        ApiError { status, code, message, details, body: parsed.unwrap_or(Value::Null) }
     }
 
     /// A field of the body, looked up at the top level first and then in `details`.
     pub fn field(&self, name: &str) -> Option<&Value> {
-        self.body
-            .get(name)
-            .filter(|v| !v.is_null())
-            .or_else(|| self.details.get(name).filter(|v| !v.is_null()))
+        self.body.get(name).filter(|v| !v.is_null()).or_else(|| self.details.get(name).filter(|v| !v.is_null()))
     }
 
     /// `existing_sequence` of a `duplicate_message_id` answer; `None` when absent or `null`
@@ -255,10 +242,7 @@ impl Error {
 
     /// True when the cluster could not be reached or had no leader (CLI exit code 3).
     pub fn is_unreachable(&self) -> bool {
-        matches!(
-            self,
-            Error::NoLeader { .. } | Error::Unreachable { .. } | Error::Timeout { .. }
-        )
+        matches!(self, Error::NoLeader { .. } | Error::Unreachable { .. } | Error::Timeout { .. })
     }
 }
 
@@ -287,18 +271,13 @@ mod tests {
             assert!(!matches!(parsed, ErrorCode::Other(_)), "{code} unknown");
             assert_eq!(parsed.as_str(), code);
         }
-        assert_eq!(
-            ErrorCode::parse("brand_new"),
-            ErrorCode::Other("brand_new".into())
-        );
+        assert_eq!(ErrorCode::parse("brand_new"), ErrorCode::Other("brand_new".into()));
     }
 
     #[test]
     fn error_body_gives_code_message_and_details() {
-        let err = ApiError::from_body(
-            404,
-            br#"{"error":"topic_not_found","message":"no topic x","details":{"topic":"x"}}"#,
-        );
+        let err =
+            ApiError::from_body(404, br#"{"error":"topic_not_found","message":"no topic x","details":{"topic":"x"}}"#);
         assert_eq!(err.status, 404);
         assert_eq!(err.code, ErrorCode::TopicNotFound);
         assert_eq!(err.message, "no topic x");
@@ -308,20 +287,11 @@ mod tests {
 
     #[test]
     fn duplicate_sequence_is_read_from_top_level_or_details_and_null_is_none() {
-        let top = ApiError::from_body(
-            409,
-            br#"{"error":"duplicate_message_id","id":"a","existing_sequence":7}"#,
-        );
+        let top = ApiError::from_body(409, br#"{"error":"duplicate_message_id","id":"a","existing_sequence":7}"#);
         assert_eq!(top.existing_sequence(), Some(7));
-        let nested = ApiError::from_body(
-            409,
-            br#"{"error":"duplicate_message_id","details":{"existing_sequence":9}}"#,
-        );
+        let nested = ApiError::from_body(409, br#"{"error":"duplicate_message_id","details":{"existing_sequence":9}}"#);
         assert_eq!(nested.existing_sequence(), Some(9));
-        let in_flight = ApiError::from_body(
-            409,
-            br#"{"error":"duplicate_message_id","existing_sequence":null}"#,
-        );
+        let in_flight = ApiError::from_body(409, br#"{"error":"duplicate_message_id","existing_sequence":null}"#);
         assert_eq!(in_flight.existing_sequence(), None);
     }
 
@@ -345,10 +315,7 @@ mod tests {
 
     #[test]
     fn only_reachability_errors_count_as_unreachable() {
-        let no_leader = Error::NoLeader {
-            attempts: 3,
-            elapsed: Duration::from_secs(1),
-        };
+        let no_leader = Error::NoLeader { attempts: 3, elapsed: Duration::from_secs(1) };
         assert!(no_leader.is_unreachable());
         let api = Error::Api(ApiError::from_body(404, b"{}"));
         assert!(!api.is_unreachable());

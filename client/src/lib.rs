@@ -58,6 +58,6 @@ pub use error::{ApiError, Error, ErrorCode};
 pub use retry::RetryPolicy;
 pub use subscription::{Acker, Event, SubscribeOptions, Subscription};
 pub use types::{
-    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, Message,
-    MessagePage, NewMessage, PublishAck, SubscriberInfo, TopicInfo, TopicSummary,
+    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, Message, MessagePage, NewMessage,
+    PublishAck, SubscriberInfo, TopicInfo, TopicSummary,
 };

@@ -61,10 +61,7 @@ impl RetryPolicy {
     /// The un-jittered step of retry number `retry`: `initial * 2^(retry-1)`, at most `max`.
     fn step(&self, retry: u32) -> Duration {
         let doublings = retry.saturating_sub(1).min(31);
-        self.backoff_initial
-            .checked_mul(1u32 << doublings)
-            .unwrap_or(self.backoff_max)
-            .min(self.backoff_max)
+        self.backoff_initial.checked_mul(1u32 << doublings).unwrap_or(self.backoff_max).min(self.backoff_max)
     }
 }
 
@@ -79,30 +76,25 @@ pub(crate) enum Verdict {
     /// Retry after a backoff. `maybe_applied`: the request may have taken effect (the server
     /// accepted it but could not confirm), so a later `409`/`404` can be our own doing.
     /// `forget_leader`: the cached leader is wrong or gone.
-    Retry {
-        maybe_applied: bool,
-        forget_leader: bool,
-    },
+    Retry { maybe_applied: bool, forget_leader: bool },
 }
 
 /// Classifies an answer by status and error body. `location` is the `Location` header.
 pub(crate) fn classify(status: u16, error: Option<&ApiError>, location: Option<&str>) -> Verdict {
     match status {
         307 | 308 => {
-            let from_body = error
-                .and_then(ApiError::leader_address)
-                .and_then(|a| crate::endpoint::parse_base(a).ok());
+            let from_body = error.and_then(ApiError::leader_address).and_then(|a| crate::endpoint::parse_base(a).ok());
             let from_header = location.and_then(crate::endpoint::base_of_location);
             Verdict::Redirect(from_body.or(from_header))
         }
-        503 => Verdict::Retry {
-            maybe_applied: false,
-            forget_leader: true,
-        },
-        504 => Verdict::Retry {
-            maybe_applied: true,
-            forget_leader: false,
-        },
+        503 => Verdict::Retry { maybe_applied: false, forget_leader: true },
+        504 => Verdict::Retry { maybe_applied: true, forget_leader: false },
+        // The id is known to the leader but its first publish is still in flight (API.md §7:
+        // `existing_sequence` is null). That publish may yet fail, so this is no success;
+        // ask again until it resolves into a sequence, or fails and our retry gets a 201.
+        409 if error.is_some_and(|e| e.code == ErrorCode::DuplicateMessageId && e.existing_sequence().is_none()) => {
+            Verdict::Retry { maybe_applied: false, forget_leader: false }
+        }
         500 if error.is_some_and(|e| e.code == ErrorCode::NotCommitted) => Verdict::Retry {
             // The entry was appended but could not commit: usually the leader lost its
             // leadership, so ask again who leads.
@@ -152,31 +144,21 @@ mod tests {
     fn jitter_spreads_clients_that_failed_together() {
         let p = policy();
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let waits: std::collections::HashSet<Duration> =
-            (0..50).map(|_| p.backoff(3, &mut rng)).collect();
+        let waits: std::collections::HashSet<Duration> = (0..50).map(|_| p.backoff(3, &mut rng)).collect();
         assert!(waits.len() > 10);
     }
 
     #[test]
     fn redirect_prefers_the_body_leader_address_over_location() {
-        let err = ApiError::from_body(
-            307,
-            br#"{"error":"not_leader","leader_address":"10.0.0.2:8080"}"#,
-        );
+        let err = ApiError::from_body(307, br#"{"error":"not_leader","leader_address":"10.0.0.2:8080"}"#);
         let v = classify(307, Some(&err), Some("http://10.0.0.3:8080/topics/t"));
-        assert_eq!(
-            v,
-            Verdict::Redirect(crate::endpoint::parse_base("10.0.0.2:8080").ok())
-        );
+        assert_eq!(v, Verdict::Redirect(crate::endpoint::parse_base("10.0.0.2:8080").ok()));
     }
 
     #[test]
     fn redirect_without_body_uses_location_and_without_either_names_no_leader() {
         let v = classify(307, None, Some("http://10.0.0.3:8080/topics/t"));
-        assert_eq!(
-            v,
-            Verdict::Redirect(crate::endpoint::parse_base("10.0.0.3:8080").ok())
-        );
+        assert_eq!(v, Verdict::Redirect(crate::endpoint::parse_base("10.0.0.3:8080").ok()));
         let nothing = ApiError::from_body(307, br#"{"error":"not_leader","leader_address":null}"#);
         assert_eq!(classify(307, Some(&nothing), None), Verdict::Redirect(None));
     }
@@ -184,45 +166,39 @@ mod tests {
     #[test]
     fn no_leader_and_raft_timeout_are_retried_and_only_timeouts_may_have_applied() {
         let no_leader = ApiError::from_body(503, br#"{"error":"no_leader"}"#);
-        assert_eq!(
-            classify(503, Some(&no_leader), None),
-            Verdict::Retry {
-                maybe_applied: false,
-                forget_leader: true
-            }
-        );
+        assert_eq!(classify(503, Some(&no_leader), None), Verdict::Retry { maybe_applied: false, forget_leader: true });
         let timeout = ApiError::from_body(504, br#"{"error":"raft_timeout"}"#);
-        assert_eq!(
-            classify(504, Some(&timeout), None),
-            Verdict::Retry {
-                maybe_applied: true,
-                forget_leader: false
-            }
-        );
+        assert_eq!(classify(504, Some(&timeout), None), Verdict::Retry { maybe_applied: true, forget_leader: false });
         let not_committed = ApiError::from_body(500, br#"{"error":"not_committed"}"#);
-        assert!(matches!(
-            classify(500, Some(&not_committed), None),
-            Verdict::Retry {
-                maybe_applied: true,
-                ..
-            }
-        ));
+        assert!(matches!(classify(500, Some(&not_committed), None), Verdict::Retry { maybe_applied: true, .. }));
+    }
+
+    #[test]
+    fn duplicate_still_in_flight_is_retried_without_forgetting_the_leader() {
+        // API.md §7: `existing_sequence: null` means the first publish may yet fail.
+        for body in [
+            r#"{"error":"duplicate_message_id","id":"a","existing_sequence":null}"#,
+            r#"{"error":"duplicate_message_id","details":{"existing_sequence":null}}"#,
+        ] {
+            let err = ApiError::from_body(409, body.as_bytes());
+            assert_eq!(
+                classify(409, Some(&err), None),
+                Verdict::Retry { maybe_applied: false, forget_leader: false },
+                "{body}"
+            );
+        }
     }
 
     #[test]
     fn client_errors_and_other_server_errors_are_final() {
         for (status, body) in [
             (404, r#"{"error":"topic_not_found"}"#),
-            (409, r#"{"error":"duplicate_message_id"}"#),
+            (409, r#"{"error":"duplicate_message_id","existing_sequence":3}"#),
             (400, r#"{"error":"invalid_request"}"#),
             (500, r#"{"error":"internal"}"#),
         ] {
             let err = ApiError::from_body(status, body.as_bytes());
-            assert_eq!(
-                classify(status, Some(&err), None),
-                Verdict::Done,
-                "{status}"
-            );
+            assert_eq!(classify(status, Some(&err), None), Verdict::Done, "{status}");
         }
         assert_eq!(classify(201, None, None), Verdict::Done);
     }

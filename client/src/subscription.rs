@@ -46,10 +46,7 @@ pub struct SubscribeOptions {
 impl SubscribeOptions {
     /// A subscriber starting at [`Cursor::Latest`].
     pub fn new(subscriber_id: impl Into<String>) -> SubscribeOptions {
-        SubscribeOptions {
-            subscriber_id: subscriber_id.into(),
-            cursor: Cursor::Latest,
-        }
+        SubscribeOptions { subscriber_id: subscriber_id.into(), cursor: Cursor::Latest }
     }
 
     /// Sets where the stream starts.
@@ -238,11 +235,7 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn subscribe(
-        &self,
-        topic: &str,
-        options: SubscribeOptions,
-    ) -> Result<Subscription, Error> {
+    pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription, Error> {
         let id_chars = options.subscriber_id.chars().count();
         if id_chars == 0 || id_chars > limits::SUBSCRIBER_ID_CHARS_MAX {
             return Err(Error::InvalidArgument(format!(
@@ -251,9 +244,7 @@ impl Client {
             )));
         }
         let mut tracker = Tracker::new(topic, options.cursor);
-        let (socket, first) = self
-            .connect_first(topic, &options.subscriber_id, options.cursor)
-            .await?;
+        let (socket, first) = self.connect_first(topic, &options.subscriber_id, options.cursor).await?;
         let mut pending = Vec::new();
         let mut subscribed_cursor = None;
         if let Some(frame) = first {
@@ -279,9 +270,7 @@ impl Client {
         let task = tokio::spawn(task.run(socket, pending));
         Ok(Subscription {
             events: events_rx,
-            acker: Acker {
-                latest: Arc::new(ack_tx),
-            },
+            acker: Acker { latest: Arc::new(ack_tx) },
             task,
             topic: topic.to_string(),
             subscriber_id: options.subscriber_id,
@@ -290,7 +279,13 @@ impl Client {
     }
 
     /// Connects to the first node that accepts, trying the known nodes in turn with backoff,
-    /// and reads the first frame. A refusal by the server ends the attempt at once.
+    /// and reads the first frame.
+    ///
+    /// A follower serves subscriptions from its own applied state, so right after a topic is
+    /// created (or messages published) it may still answer `404 topic_not_found` or
+    /// `400 invalid_cursor` while the leader would accept. Those refusals move on to the next
+    /// node at once and are final only when as many nodes as the client knows gave them.
+    /// Other refusals (`400 invalid_request`, ...) are final at once; `5xx` ones are retried.
     async fn connect_first(
         &self,
         topic: &str,
@@ -300,14 +295,26 @@ impl Client {
         let policy = self.config().retry.clone();
         let started = Instant::now();
         let mut attempts = 0;
+        let mut denied = 0;
         loop {
             attempts += 1;
             let node = self.next_node();
+            let mut backoff = true;
             let failure = match connect(self, &node, topic, subscriber_id, cursor).await {
                 Ok(mut socket) => match first_frame(&mut socket, self.timeout()).await {
                     Ok(frame) => return Ok((socket, frame)),
                     Err(failure) => failure,
                 },
+                Err(Refusal::Api(api)) if may_lag_behind(&api) => {
+                    denied += 1;
+                    if denied >= self.node_count() {
+                        return Err(Error::Api(api));
+                    }
+                    tracing::debug!(%node, %api, "subscription refused; trying the next node");
+                    backoff = false;
+                    Refusal::Api(api)
+                }
+                Err(Refusal::Api(api)) if api.status >= 500 => Refusal::Api(api),
                 Err(Refusal::Api(api)) => return Err(Error::Api(api)),
                 Err(Refusal::Transport { error, timeout }) => Refusal::Transport { error, timeout },
             };
@@ -315,7 +322,9 @@ impl Client {
             if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
                 return Err(failure.into_error(attempts, elapsed));
             }
-            tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng())).await;
+            if backoff {
+                tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng())).await;
+            }
         }
     }
 
@@ -339,12 +348,15 @@ impl Refusal {
         match self {
             Refusal::Api(api) => Error::Api(api),
             Refusal::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },
-            Refusal::Transport { error, .. } => Error::Unreachable {
-                attempts,
-                source: error,
-            },
+            Refusal::Transport { error, .. } => Error::Unreachable { attempts, source: error },
         }
     }
+}
+
+/// True for a refusal that a node lagging behind the leader gives and a node that is up to
+/// date may not: the topic is not created yet there, or the cursor is beyond what it applied.
+fn may_lag_behind(api: &ApiError) -> bool {
+    matches!(api.code, ErrorCode::TopicNotFound | ErrorCode::InvalidCursor)
 }
 
 /// One WebSocket handshake with one node.
@@ -358,35 +370,24 @@ async fn connect(
     let url = subscribe_url(node, topic, subscriber_id, cursor);
     let handshake = tokio_tungstenite::connect_async(url.as_str());
     match tokio::time::timeout(client.timeout(), handshake).await {
-        Err(elapsed) => Err(Refusal::Transport {
-            error: Box::new(elapsed),
-            timeout: true,
-        }),
+        Err(elapsed) => Err(Refusal::Transport { error: Box::new(elapsed), timeout: true }),
         Ok(Ok((socket, _response))) => Ok(socket),
         Ok(Err(tungstenite::Error::Http(response))) => {
             let status = response.status().as_u16();
             let body = response.body().as_deref().unwrap_or_default();
             Err(Refusal::Api(ApiError::from_body(status, body)))
         }
-        Ok(Err(error)) => Err(Refusal::Transport {
-            error: Box::new(error),
-            timeout: false,
-        }),
+        Ok(Err(error)) => Err(Refusal::Transport { error: Box::new(error), timeout: false }),
     }
 }
 
 /// Reads the first text frame (the contract's `subscribed`); `None` if the node sent
 /// something that does not parse.
-async fn first_frame(
-    socket: &mut Socket,
-    timeout: Duration,
-) -> Result<Option<ServerFrame>, Refusal> {
+async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<Option<ServerFrame>, Refusal> {
     let read = async {
         loop {
             match socket.next().await {
-                Some(Ok(WsMessage::Text(text))) => {
-                    return Ok(serde_json::from_str::<ServerFrame>(&text).ok())
-                }
+                Some(Ok(WsMessage::Text(text))) => return Ok(serde_json::from_str::<ServerFrame>(&text).ok()),
                 Some(Ok(WsMessage::Close(_))) | None => {
                     return Err(Refusal::Transport {
                         error: "connection closed before the first frame".into(),
@@ -394,21 +395,13 @@ async fn first_frame(
                     })
                 }
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => {
-                    return Err(Refusal::Transport {
-                        error: Box::new(e),
-                        timeout: false,
-                    })
-                }
+                Some(Err(e)) => return Err(Refusal::Transport { error: Box::new(e), timeout: false }),
             }
         }
     };
     match tokio::time::timeout(timeout, read).await {
         Ok(result) => result,
-        Err(elapsed) => Err(Refusal::Transport {
-            error: Box::new(elapsed),
-            timeout: true,
-        }),
+        Err(elapsed) => Err(Refusal::Transport { error: Box::new(elapsed), timeout: true }),
     }
 }
 
@@ -496,15 +489,7 @@ impl Worker {
             }
             let node = self.client.next_node();
             let cursor = self.tracker.resume_cursor();
-            let refusal = match connect(
-                &self.client,
-                &node,
-                &self.topic,
-                &self.subscriber_id,
-                cursor,
-            )
-            .await
-            {
+            let refusal = match connect(&self.client, &node, &self.topic, &self.subscriber_id, cursor).await {
                 Ok(socket) => return Ok(socket),
                 Err(refusal) => refusal,
             };
@@ -619,11 +604,7 @@ impl Worker {
         let sent = match step {
             Step::Skip => Ok(()),
             Step::Emit(event) => {
-                if let Event::LeaderChange {
-                    new_leader: Some(address),
-                    ..
-                } = &event
-                {
+                if let Event::LeaderChange { new_leader: Some(address), .. } = &event {
                     self.client.learn_leader_address(address);
                 }
                 self.events.send(Ok(event)).await

@@ -37,11 +37,7 @@ pub(crate) async fn dead_address() -> String {
 }
 
 /// A JSON error response in the API.md shape.
-pub(crate) fn error_response(
-    status: u16,
-    code: &str,
-    extra: serde_json::Value,
-) -> axum::response::Response {
+pub(crate) fn error_response(status: u16, code: &str, extra: serde_json::Value) -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut body = serde_json::json!({"error": code, "message": code, "details": {}});
     if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
@@ -49,18 +45,14 @@ pub(crate) fn error_response(
             obj.insert(k.clone(), v.clone());
         }
     }
-    let status = axum::http::StatusCode::from_u16(status)
-        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let status = axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
     (status, axum::Json(body)).into_response()
 }
 
 /// A client for tests: fast backoff, short timeouts.
 pub(crate) fn fast_client(seeds: &[&str]) -> crate::Client {
     match crate::Client::builder(seeds.iter().map(|s| s.to_string()))
-        .backoff(
-            std::time::Duration::from_millis(1),
-            std::time::Duration::from_millis(5),
-        )
+        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
         .connect_timeout(std::time::Duration::from_millis(500))
         .request_timeout(std::time::Duration::from_secs(2))
         .attempts_max(6)

@@ -142,11 +142,7 @@ pub struct NewMessage {
 impl NewMessage {
     /// A message with this payload, no id (one is generated) and no timestamp.
     pub fn new(payload: Value) -> NewMessage {
-        NewMessage {
-            id: None,
-            payload,
-            timestamp: None,
-        }
+        NewMessage { id: None, payload, timestamp: None }
     }
 
     /// Sets the dedup id.
@@ -169,8 +165,9 @@ pub struct PublishAck {
     pub id: String,
     /// The topic.
     pub topic: String,
-    /// The sequence the message got. `None` with `ack=appended` when not yet assigned, or for
-    /// a duplicate whose first publish is still in flight.
+    /// The sequence the message got; `None` only with `ack=appended` (not yet assigned).
+    /// Never `None` for a duplicate: one whose first publish is still in flight is retried
+    /// until it has a sequence.
     #[serde(default)]
     pub sequence: Option<u64>,
     /// Raft index of the entry; `None` when reported from a duplicate answer.
@@ -217,9 +214,7 @@ impl BatchItem {
     /// The message id.
     pub fn id(&self) -> &str {
         match self {
-            BatchItem::Published { id, .. }
-            | BatchItem::Duplicate { id, .. }
-            | BatchItem::Failed { id, .. } => id,
+            BatchItem::Published { id, .. } | BatchItem::Duplicate { id, .. } | BatchItem::Failed { id, .. } => id,
         }
     }
 }
@@ -239,19 +234,12 @@ pub(crate) struct RawBatchItem {
 impl From<RawBatchItem> for BatchItem {
     fn from(raw: RawBatchItem) -> BatchItem {
         match (raw.error, raw.sequence) {
-            (Some(error), _) if error == "duplicate_message_id" => BatchItem::Duplicate {
-                id: raw.id,
-                existing_sequence: raw.existing_sequence,
-            },
+            (Some(error), _) if error == "duplicate_message_id" => {
+                BatchItem::Duplicate { id: raw.id, existing_sequence: raw.existing_sequence }
+            }
             (Some(error), _) => BatchItem::Failed { id: raw.id, error },
-            (None, Some(sequence)) => BatchItem::Published {
-                id: raw.id,
-                sequence,
-            },
-            (None, None) => BatchItem::Failed {
-                id: raw.id,
-                error: "missing_sequence".to_string(),
-            },
+            (None, Some(sequence)) => BatchItem::Published { id: raw.id, sequence },
+            (None, None) => BatchItem::Failed { id: raw.id, error: "missing_sequence".to_string() },
         }
     }
 }
@@ -278,8 +266,9 @@ pub struct BatchAck {
     pub raft_index: Option<u64>,
     /// True when answered after commit.
     pub committed: bool,
-    /// True when the call needed more than one attempt; then `Duplicate` items are most
-    /// likely this batch's own earlier attempt, not someone else's message.
+    /// True when an earlier attempt of this call may have reached the server (a lost
+    /// connection, `504`, `500 not_committed`); then `Duplicate` items are most likely this
+    /// batch's own earlier attempt, not someone else's message.
     pub retried: bool,
 }
 
@@ -401,31 +390,22 @@ mod tests {
     #[test]
     fn every_control_subtype_of_the_contract_parses() {
         assert_eq!(
-            frame(
-                json!({"type":"control","subtype":"subscribed","topic":"t","cursor":150,
-                         "subscriber_id":"s"})
-            ),
+            frame(json!({"type":"control","subtype":"subscribed","topic":"t","cursor":150,
+                         "subscriber_id":"s"})),
             ServerFrame::Control(ControlFrame::Subscribed { cursor: 150 })
         );
         assert_eq!(
-            frame(
-                json!({"type":"control","subtype":"messages_expired","topic":"t",
-                         "requested_cursor":4,"first_available_sequence":10})
-            ),
-            ServerFrame::Control(ControlFrame::MessagesExpired {
-                requested_cursor: 4,
-                first_available_sequence: 10
-            })
+            frame(json!({"type":"control","subtype":"messages_expired","topic":"t",
+                         "requested_cursor":4,"first_available_sequence":10})),
+            ServerFrame::Control(ControlFrame::MessagesExpired { requested_cursor: 4, first_available_sequence: 10 })
         );
         assert_eq!(
             frame(json!({"type":"control","subtype":"topic_deleted","topic":"t"})),
             ServerFrame::Control(ControlFrame::TopicDeleted)
         );
         assert_eq!(
-            frame(
-                json!({"type":"control","subtype":"leader_change","new_leader":"h:1",
-                         "new_leader_id":"node-2","reason":"r"})
-            ),
+            frame(json!({"type":"control","subtype":"leader_change","new_leader":"h:1",
+                         "new_leader_id":"node-2","reason":"r"})),
             ServerFrame::Control(ControlFrame::LeaderChange {
                 new_leader: Some("h:1".into()),
                 new_leader_id: Some("node-2".into())
@@ -437,15 +417,9 @@ mod tests {
     fn seed_leader_change_without_id_and_unknown_frames_still_parse() {
         assert_eq!(
             frame(json!({"type":"control","subtype":"leader_change","new_leader":"h:1"})),
-            ServerFrame::Control(ControlFrame::LeaderChange {
-                new_leader: Some("h:1".into()),
-                new_leader_id: None
-            })
+            ServerFrame::Control(ControlFrame::LeaderChange { new_leader: Some("h:1".into()), new_leader_id: None })
         );
-        assert_eq!(
-            frame(json!({"type":"control","subtype":"heartbeat"})),
-            ServerFrame::Control(ControlFrame::Unknown)
-        );
+        assert_eq!(frame(json!({"type":"control","subtype":"heartbeat"})), ServerFrame::Control(ControlFrame::Unknown));
         assert_eq!(frame(json!({"type":"stats","x":1})), ServerFrame::Unknown);
     }
 
@@ -464,18 +438,9 @@ mod tests {
         assert_eq!(
             items,
             vec![
-                BatchItem::Published {
-                    id: "a".into(),
-                    sequence: 1
-                },
-                BatchItem::Duplicate {
-                    id: "b".into(),
-                    existing_sequence: None
-                },
-                BatchItem::Failed {
-                    id: "c".into(),
-                    error: "payload_too_large".into()
-                },
+                BatchItem::Published { id: "a".into(), sequence: 1 },
+                BatchItem::Duplicate { id: "b".into(), existing_sequence: None },
+                BatchItem::Failed { id: "c".into(), error: "payload_too_large".into() },
             ]
         );
     }

@@ -66,12 +66,20 @@ impl App {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         match m.current_leader {
-            Some(id) if id == self.id() && m.state == ServerState::Leader => Leadership::Me,
+            Some(id) if id == self.id() && m.state == ServerState::Leader => {
+                // openraft 0.9 keeps a leader cut off from its quorum in office until it sees a
+                // higher term; a write sent to it would only time out. Past an election timeout
+                // without a quorum's acknowledgement, it does not count as a leader here.
+                let voters = m.membership_config.membership().voter_ids().count();
+                let stale_ms = self.config.election_timeout_ms * 2;
+                if voters > 1 && m.millis_since_quorum_ack.is_none_or(|ms| ms > stale_ms) {
+                    Leadership::Unknown
+                } else {
+                    Leadership::Me
+                }
+            }
             Some(id) if id != self.id() => match m.membership_config.membership().get_node(&id) {
-                Some(node) => Leadership::Other {
-                    id,
-                    addr: node.addr.clone(),
-                },
+                Some(node) => Leadership::Other { id, addr: node.addr.clone() },
                 None => Leadership::Unknown,
             },
             _ => Leadership::Unknown,
@@ -82,21 +90,15 @@ impl App {
     pub fn require_leader(&self, path_and_query: &str) -> Result<(), ApiError> {
         match self.leadership() {
             Leadership::Me => Ok(()),
-            Leadership::Other { id, addr } => Err(ApiError::NotLeader {
-                leader_id: id,
-                leader_address: addr,
-                path_and_query: path_and_query.into(),
-            }),
+            Leadership::Other { id, addr } => {
+                Err(ApiError::NotLeader { leader_id: id, leader_address: addr, path_and_query: path_and_query.into() })
+            }
             Leadership::Unknown => Err(ApiError::NoLeader),
         }
     }
 
     /// Proposes `request` and waits until it is committed on a majority and applied here.
-    pub async fn write(
-        &self,
-        request: Request,
-        path_and_query: &str,
-    ) -> Result<ClientWriteResponse, ApiError> {
+    pub async fn write(&self, request: Request, path_and_query: &str) -> Result<ClientWriteResponse, ApiError> {
         let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await;
         self.metrics.observe_commit(started.elapsed());
@@ -113,15 +115,11 @@ impl App {
                     // Leadership was lost while the entry was in flight: it may or may not
                     // commit under the next leader. The client retries with the same id.
                     (None, _) => Err(ApiError::NoLeader),
-                    _ => Err(ApiError::NotCommitted(
-                        "leadership changed before the entry committed".into(),
-                    )),
+                    _ => Err(ApiError::NotCommitted("leadership changed before the entry committed".into())),
                 }
             }
             Ok(Err(RaftError::APIError(e))) => Err(ApiError::NotCommitted(e.to_string())),
-            Ok(Err(RaftError::Fatal(e))) => {
-                Err(ApiError::Unavailable(format!("raft stopped: {e}")))
-            }
+            Ok(Err(RaftError::Fatal(e))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
         }
     }
 
@@ -140,22 +138,14 @@ impl InflightGuard {
     /// Registers (topic, id) as in flight; `None` when it already is.
     pub fn try_new(app: SharedApp, topic: &str, id: &str) -> Option<Self> {
         let key = (topic.to_string(), id.to_string());
-        let inserted = app
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone());
+        let inserted = app.inflight.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone());
         inserted.then_some(Self { app, key })
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.app
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+        self.app.inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
     }
 }
 
@@ -172,31 +162,18 @@ impl App {
     /// Commits `request` through whichever node leads: locally on the leader, over the peer
     /// connection from a follower. For the node's own writes (acks, retention ticks), not for
     /// client writes, which are redirected so the client knows the leader.
-    pub async fn propose_anywhere(
-        &self,
-        request: Request,
-    ) -> Result<raft_store::Response, ProposeError> {
+    pub async fn propose_anywhere(&self, request: Request) -> Result<raft_store::Response, ProposeError> {
         match self.leadership() {
-            Leadership::Me => {
-                match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await {
-                    Ok(Ok(r)) => Ok(r.data),
-                    Ok(Err(e)) => Err(ProposeError::Failed(e.to_string())),
-                    Err(_) => Err(ProposeError::Failed("timed out".into())),
-                }
-            }
+            Leadership::Me => match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await {
+                Ok(Ok(r)) => Ok(r.data),
+                Ok(Err(e)) => Err(ProposeError::Failed(e.to_string())),
+                Err(_) => Err(ProposeError::Failed("timed out".into())),
+            },
             Leadership::Other { id, addr } => {
                 let conn = self.peers.conn(id, &addr);
-                match conn
-                    .call(
-                        crate::raft::codec::RpcRequest::Forward { req: request },
-                        WRITE_TIMEOUT,
-                    )
-                    .await
-                {
+                match conn.call(crate::raft::codec::RpcRequest::Forward { req: request }, WRITE_TIMEOUT).await {
                     Ok(crate::raft::codec::RpcResponse::Forward(Ok(reply))) => Ok(reply.response),
-                    Ok(crate::raft::codec::RpcResponse::Forward(Err(e))) => {
-                        Err(ProposeError::Failed(e.to_string()))
-                    }
+                    Ok(crate::raft::codec::RpcResponse::Forward(Err(e))) => Err(ProposeError::Failed(e.to_string())),
                     Ok(_) => Err(ProposeError::Failed("unexpected response".into())),
                     Err(e) => Err(ProposeError::Failed(e.to_string())),
                 }
@@ -210,10 +187,6 @@ impl App {
     /// Subscriber ids connected to this node on `topic`.
     pub fn connected_subscribers(&self, topic: &str) -> std::collections::HashMap<String, u64> {
         let connected = self.connected.lock().unwrap_or_else(|e| e.into_inner());
-        connected
-            .keys()
-            .filter(|(t, _)| t == topic)
-            .map(|(_, s)| (s.clone(), 0))
-            .collect()
+        connected.keys().filter(|(t, _)| t == topic).map(|(_, s)| (s.clone(), 0)).collect()
     }
 }

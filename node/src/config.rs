@@ -65,7 +65,7 @@ pub struct Config {
     pub election_timeout_ms: u64,
     pub snapshot_logs: u64,
     /// How log appends are fsynced (a syncer thread in production; inline in the simulation).
-    pub log_sync: raft_store::LogSync,
+    pub io_mode: raft_store::IoMode,
 }
 
 /// A configuration error, printed as one line.
@@ -111,26 +111,21 @@ impl Config {
         let peers = if peers.is_empty() {
             BTreeMap::from([(flags.id, advertise.clone())])
         } else if !peers.contains_key(&flags.id) {
-            return Err(ConfigError::IdNotInPeers {
-                id: flags.id,
-                peers: flags.peers.unwrap_or_default(),
-            });
+            return Err(ConfigError::IdNotInPeers { id: flags.id, peers: flags.peers.unwrap_or_default() });
         } else {
             peers
         };
         Ok(Self {
             id: flags.id,
             listen: flags.listen,
-            data_dir: flags
-                .data_dir
-                .unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
+            data_dir: flags.data_dir.unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
             advertise,
             peers,
             cluster_secret: flags.cluster_secret.filter(|s| !s.is_empty()),
             heartbeat_ms: flags.heartbeat_ms,
             election_timeout_ms: flags.election_timeout_ms,
             snapshot_logs: flags.snapshot_logs,
-            log_sync: raft_store::LogSync::Background,
+            io_mode: raft_store::IoMode::Background,
         })
     }
 
@@ -151,9 +146,8 @@ fn is_host_port(s: &str) -> bool {
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
     let mut peers = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('=')
-            .ok_or_else(|| ConfigError::Peers(format!("{part:?} is not ID=HOST:PORT")))?;
+        let (id, addr) =
+            part.split_once('=').ok_or_else(|| ConfigError::Peers(format!("{part:?} is not ID=HOST:PORT")))?;
         let id: u64 = id
             .trim()
             .trim_start_matches("node-")

@@ -10,20 +10,13 @@ use serde_json::{json, Value};
 pub enum ApiError {
     /// A write reached a follower.
     #[error("this node is not the leader; send writes to node-{leader_id} at {leader_address}")]
-    NotLeader {
-        leader_id: u64,
-        leader_address: String,
-        path_and_query: String,
-    },
+    NotLeader { leader_id: u64, leader_address: String, path_and_query: String },
     #[error("no leader is known right now; retry shortly")]
     NoLeader,
     #[error("topic {0:?} does not exist")]
     TopicNotFound(String),
     #[error("message id {id:?} was already published to this topic")]
-    DuplicateMessageId {
-        id: String,
-        existing_sequence: Option<u64>,
-    },
+    DuplicateMessageId { id: String, existing_sequence: Option<u64> },
     #[error("{0}")]
     InvalidCursor(String),
     #[error("{0}")]
@@ -77,20 +70,13 @@ impl ApiError {
         let (_, code) = self.status_and_code();
         let mut body = json!({"error": code, "message": self.to_string(), "details": {}});
         match self {
-            Self::NotLeader {
-                leader_id,
-                leader_address,
-                ..
-            } => {
+            Self::NotLeader { leader_id, leader_address, .. } => {
                 let leader_id = format!("node-{leader_id}");
                 body["leader_id"] = json!(leader_id);
                 body["leader_address"] = json!(leader_address);
                 body["details"] = json!({"leader_id": leader_id, "leader_address": leader_address});
             }
-            Self::DuplicateMessageId {
-                id,
-                existing_sequence,
-            } => {
+            Self::DuplicateMessageId { id, existing_sequence } => {
                 body["id"] = json!(id);
                 body["existing_sequence"] = json!(existing_sequence);
                 body["details"] = json!({"id": id, "existing_sequence": existing_sequence});
@@ -117,21 +103,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
         let mut response = (status, axum::Json(self.body())).into_response();
-        if let Self::NotLeader {
-            leader_address,
-            path_and_query,
-            ..
-        } = &self
-        {
+        if let Self::NotLeader { leader_address, path_and_query, .. } = &self {
             let location = format!("http://{leader_address}{path_and_query}");
             if let Ok(value) = HeaderValue::from_str(&location) {
                 response.headers_mut().insert(header::LOCATION, value);
             }
         }
         if matches!(self, Self::NoLeader | Self::Unavailable(_)) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }
@@ -143,11 +122,7 @@ mod tests {
 
     #[test]
     fn duplicate_body_has_id_and_sequence_at_top_level_and_in_details() {
-        let body = ApiError::DuplicateMessageId {
-            id: "m".into(),
-            existing_sequence: Some(4),
-        }
-        .body();
+        let body = ApiError::DuplicateMessageId { id: "m".into(), existing_sequence: Some(4) }.body();
         assert_eq!(body["error"], "duplicate_message_id");
         assert_eq!(body["existing_sequence"], 4);
         assert_eq!(body["details"]["existing_sequence"], 4);
@@ -163,9 +138,6 @@ mod tests {
         };
         let response = e.into_response();
         assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
-        assert_eq!(
-            response.headers()[header::LOCATION],
-            "http://127.0.0.1:8082/topics/a/messages?ack=appended"
-        );
+        assert_eq!(response.headers()[header::LOCATION], "http://127.0.0.1:8082/topics/a/messages?ack=appended");
     }
 }

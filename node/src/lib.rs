@@ -43,10 +43,7 @@ use crate::raft::network::{Network, PeerPool};
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("data dir {path}: {source}")]
-    DataDir {
-        path: String,
-        source: raft_store::StoreError,
-    },
+    DataDir { path: String, source: raft_store::StoreError },
     #[error("raft: {0}")]
     Raft(String),
     #[error("serve: {0}")]
@@ -65,29 +62,17 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
-    let store = raft_store::open_with(&config.data_dir, config.log_sync).map_err(|source| {
-        NodeError::DataDir {
-            path: config.data_dir.display().to_string(),
-            source,
-        }
-    })?;
+    let store = raft_store::open_with(&config.data_dir, config.io_mode)
+        .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
     let committed_index = store.log_store.committed_index();
-    let raft_config = raft::config::raft_config(
-        config.heartbeat_ms,
-        config.election_timeout_ms,
-        config.snapshot_logs,
-    )
-    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let store_closed = store.closed;
+    let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
     let peers = PeerPool::new(env.clone(), config.cluster_secret.clone());
-    let raft = Raft::new(
-        config.id,
-        Arc::new(raft_config),
-        Network::new(peers.clone()),
-        store.log_store,
-        store.state_machine,
-    )
-    .await
-    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let raft =
+        Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
     bootstrap(&config, &raft).await?;
 
     let app = Arc::new(App {
@@ -117,31 +102,30 @@ where
         tracing::info!("shutting down: closing subscriptions");
         token.cancel();
     };
-    axum::serve(listener, api::router(app.clone()))
-        .with_graceful_shutdown(signal)
-        .await?;
+    axum::serve(listener, api::router(app.clone())).with_graceful_shutdown(signal).await?;
 
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not stop cleanly");
     }
-    tracing::info!(
-        subscriptions = app.subscriptions.load(Ordering::Relaxed),
-        "stopped"
-    );
+    let subscriptions = app.subscriptions.load(Ordering::Relaxed);
+    drop((app, raft));
+    // Every task holding the store has been told to stop; RocksDB closes when the last one has.
+    if !store_closed.wait(limits::SHUTDOWN_CLOSE_TIMEOUT).await {
+        tracing::warn!("storage still in use after {:?}; exiting anyway", limits::SHUTDOWN_CLOSE_TIMEOUT);
+    }
+    tracing::info!(subscriptions, "stopped");
     Ok(())
 }
 
 /// First start of a fresh cluster: the node with the smallest id initializes it with every
 /// voter of `--peers`. A node that already has a log or a vote is never re-initialized.
 async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
-    if !config.is_bootstrapper() {
+    let initialized = raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+    if initialized || !config.is_bootstrapper() {
         return Ok(());
     }
-    let members: BTreeMap<u64, Node> = config
-        .peers
-        .iter()
-        .map(|(id, addr)| (*id, Node { addr: addr.clone() }))
-        .collect();
+    let members: BTreeMap<u64, Node> =
+        config.peers.iter().map(|(id, addr)| (*id, Node { addr: addr.clone() })).collect();
     match raft.initialize(members).await {
         Ok(()) => {
             tracing::info!(voters = ?config.peers, "initialized a new cluster");
@@ -162,17 +146,10 @@ async fn retention_ticks(app: std::sync::Weak<App>) {
         if app.shutdown.is_cancelled() {
             return;
         }
-        let wants_tick = app
-            .reader
-            .active_topics()
-            .iter()
-            .any(|t| t.retention.hours.is_some() && t.message_count() > 0);
+        let wants_tick =
+            app.reader.active_topics().iter().any(|t| t.retention.hours.is_some() && t.message_count() > 0);
         if wants_tick && app.leadership() == app::Leadership::Me {
-            let _ = app
-                .propose_anywhere(Request::Tick {
-                    now_ms: app.now_ms(),
-                })
-                .await;
+            let _ = app.propose_anywhere(Request::Tick { now_ms: app.now_ms() }).await;
         }
     }
 }

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-pub use raft_store::limits::{
-    BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX, TOPICS_MAX, TOPIC_NAME_CHARS_MAX,
-};
+pub use raft_store::limits::{BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX, TOPICS_MAX, TOPIC_NAME_CHARS_MAX};
 
 /// Body of a single publish: the 1 MiB payload plus room for `id`, `timestamp` and JSON
 /// whitespace. A larger body cannot hold a payload we would accept.
@@ -23,6 +21,9 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a stopping node waits for its tasks to release the store before it exits.
+pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default and maximum `limit` of `GET /topics/:name/messages`.
 pub const READ_LIMIT_DEFAULT: usize = 100;

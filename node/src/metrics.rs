@@ -43,62 +43,26 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("pubsub");
         let publishes = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "publishes",
-            "Published messages by outcome",
-            publishes.clone(),
-        );
+        registry.register("publishes", "Published messages by outcome", publishes.clone());
         // 0.1 ms .. ~3.3 s
         let commit_latency = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        registry.register(
-            "commit_latency_seconds",
-            "Time from proposal to commit and apply",
-            commit_latency.clone(),
-        );
+        registry.register("commit_latency_seconds", "Time from proposal to commit and apply", commit_latency.clone());
         let leader_changes = Counter::default();
-        registry.register(
-            "leader_changes",
-            "Leader changes seen by this node",
-            leader_changes.clone(),
-        );
+        registry.register("leader_changes", "Leader changes seen by this node", leader_changes.clone());
         let subscribers = Gauge::default();
-        registry.register(
-            "subscribers",
-            "Open WebSocket subscriptions on this node",
-            subscribers.clone(),
-        );
+        registry.register("subscribers", "Open WebSocket subscriptions on this node", subscribers.clone());
         let delivered = Counter::default();
-        registry.register(
-            "delivered_messages",
-            "Message frames sent to subscribers",
-            delivered.clone(),
-        );
+        registry.register("delivered_messages", "Message frames sent to subscribers", delivered.clone());
         let raft_term = Gauge::<u64, AtomicU64>::default();
         registry.register("raft_term", "Current Raft term", raft_term.clone());
         let commit_index = Gauge::<u64, AtomicU64>::default();
-        registry.register(
-            "raft_commit_index",
-            "Highest committed log index known",
-            commit_index.clone(),
-        );
+        registry.register("raft_commit_index", "Highest committed log index known", commit_index.clone());
         let last_applied = Gauge::<u64, AtomicU64>::default();
-        registry.register(
-            "raft_last_applied",
-            "Last applied log index",
-            last_applied.clone(),
-        );
+        registry.register("raft_last_applied", "Last applied log index", last_applied.clone());
         let is_leader = Gauge::default();
-        registry.register(
-            "raft_is_leader",
-            "1 when this node is the leader",
-            is_leader.clone(),
-        );
+        registry.register("raft_is_leader", "1 when this node is the leader", is_leader.clone());
         let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
-        registry.register(
-            "topic_current_sequence",
-            "Last sequence assigned, per topic",
-            topic_sequence.clone(),
-        );
+        registry.register("topic_current_sequence", "Last sequence assigned, per topic", topic_sequence.clone());
         Self {
             registry,
             publishes,
@@ -121,11 +85,7 @@ impl Metrics {
     }
 
     pub fn count_publish(&self, outcome: &str, n: u64) {
-        self.publishes
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
-            })
-            .inc_by(n);
+        self.publishes.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc_by(n);
     }
 
     /// The text exposition, with state gauges refreshed from `app`.
@@ -134,21 +94,14 @@ impl Metrics {
             let m = app.raft.metrics();
             let m = m.borrow();
             self.raft_term.set(m.current_term);
-            self.last_applied
-                .set(m.last_applied.map(|l| l.index).unwrap_or(0));
-            self.is_leader
-                .set(i64::from(m.current_leader == Some(app.id())));
+            self.last_applied.set(m.last_applied.map(|l| l.index).unwrap_or(0));
+            self.is_leader.set(i64::from(m.current_leader == Some(app.id())));
         }
-        self.commit_index.set(
-            app.committed_index
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
+        self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.subscribers.set(app.subscription_count() as i64);
         self.topic_sequence.clear();
         for t in app.reader.active_topics() {
-            self.topic_sequence
-                .get_or_create(&TopicLabel { topic: t.name })
-                .set(t.current_sequence);
+            self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);
         }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

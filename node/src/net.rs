@@ -47,10 +47,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
     }
 }
 
@@ -64,9 +61,6 @@ pub struct Env {
 impl Env {
     /// Real sockets and the system clock.
     pub fn production() -> Self {
-        Self {
-            dialer: Arc::new(TokioDialer),
-            clock: Arc::new(SystemClock),
-        }
+        Self { dialer: Arc::new(TokioDialer), clock: Arc::new(SystemClock) }
     }
 }

@@ -23,11 +23,7 @@ pub enum Request {
     /// stay on disk so a revived topic keeps its sequence and old cursors.
     DeleteTopic { topic: String },
     /// Publish one or more messages (a batch publish is one entry).
-    Publish {
-        topic: String,
-        messages: Vec<NewMessage>,
-        now_ms: u64,
-    },
+    Publish { topic: String, messages: Vec<NewMessage>, now_ms: u64 },
     /// Record subscribers' acknowledged cursors (coalesced on the node that received them).
     Ack { acks: Vec<AckRecord> },
     /// Let time pass for retention (`retention_hours`) on topics nobody publishes to.

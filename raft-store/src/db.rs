@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB,
-};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use crate::keys::{ALL_CFS, CF_LOG};
 use crate::StoreError;
@@ -39,11 +37,7 @@ pub fn open(path: &Path) -> Result<DB, StoreError> {
         let mut opts = Options::default();
         opts.set_block_based_table_factory(&table);
         // The log is short-lived (purged after snapshots); compressing it is wasted CPU.
-        let compression = if *name == CF_LOG {
-            DBCompressionType::None
-        } else {
-            DBCompressionType::Lz4
-        };
+        let compression = if *name == CF_LOG { DBCompressionType::None } else { DBCompressionType::Lz4 };
         opts.set_compression_type(compression);
         ColumnFamilyDescriptor::new(*name, opts)
     });
@@ -67,6 +61,5 @@ pub fn unsynced() -> WriteOptions {
 }
 
 pub fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, StoreError> {
-    db.cf_handle(name)
-        .ok_or_else(|| StoreError::Corrupt(format!("missing column family {name}")))
+    db.cf_handle(name).ok_or_else(|| StoreError::Corrupt(format!("missing column family {name}")))
 }

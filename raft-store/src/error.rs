@@ -13,10 +13,7 @@ pub enum StoreError {
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
     #[error("decode {what}: {source}")]
-    Decode {
-        what: &'static str,
-        source: bincode::Error,
-    },
+    Decode { what: &'static str, source: bincode::Error },
     #[error("corrupt store: {0}")]
     Corrupt(String),
 }

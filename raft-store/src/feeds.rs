@@ -44,33 +44,20 @@ pub struct Feeds {
 
 impl Default for Feeds {
     fn default() -> Self {
-        Self {
-            watchers: Mutex::new(HashMap::new()),
-            applied: watch::channel(0).0,
-        }
+        Self { watchers: Mutex::new(HashMap::new()), applied: watch::channel(0).0 }
     }
 }
 
 impl Feeds {
     /// Watches `topic`. The receiver sees every change applied after this call.
-    pub fn watch_topic(
-        &self,
-        topics: &RwLock<Topics>,
-        topic: &str,
-    ) -> watch::Receiver<TopicSignal> {
+    pub fn watch_topic(&self, topics: &RwLock<Topics>, topic: &str) -> watch::Receiver<TopicSignal> {
         // The topic is read under the watchers lock, which `apply` also holds while it
         // changes topics, so no change can fall between the read and the subscription.
         let mut watchers = self.lock();
         if let Some(sender) = watchers.get(topic) {
             return sender.subscribe();
         }
-        let signal = TopicSignal::of(
-            topics
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .by_name
-                .get(topic),
-        );
+        let signal = TopicSignal::of(topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(topic));
         let (sender, receiver) = watch::channel(signal);
         watchers.insert(topic.to_string(), sender);
         receiver
@@ -86,10 +73,7 @@ impl Feeds {
     }
 
     /// Called by `apply` with the watchers lock held and the topics already updated.
-    pub(crate) fn notify(
-        watchers: &mut HashMap<String, watch::Sender<TopicSignal>>,
-        record: &TopicRecord,
-    ) {
+    pub(crate) fn notify(watchers: &mut HashMap<String, watch::Sender<TopicSignal>>, record: &TopicRecord) {
         if let Some(sender) = watchers.get(&record.name) {
             if sender.receiver_count() == 0 {
                 watchers.remove(&record.name);

@@ -18,15 +18,7 @@ pub const CF_DEDUP: &str = "dedup";
 pub const CF_CURSORS: &str = "cursors";
 
 /// Every column family, in the order they are created.
-pub const ALL_CFS: [&str; 7] = [
-    CF_LOG,
-    CF_RAFT,
-    CF_SM_META,
-    CF_TOPICS,
-    CF_MESSAGES,
-    CF_DEDUP,
-    CF_CURSORS,
-];
+pub const ALL_CFS: [&str; 7] = [CF_LOG, CF_RAFT, CF_SM_META, CF_TOPICS, CF_MESSAGES, CF_DEDUP, CF_CURSORS];
 /// The column families that make up the state machine (what a snapshot carries).
 pub const SM_CFS: [&str; 5] = [CF_SM_META, CF_TOPICS, CF_MESSAGES, CF_DEDUP, CF_CURSORS];
 

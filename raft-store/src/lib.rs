@@ -35,7 +35,7 @@ pub mod typ;
 pub use command::{NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 pub use error::StoreError;
 pub use feeds::{Feeds, TopicSignal};
-pub use log_store::{LogStore, LogSync};
+pub use log_store::{IoMode, LogStore};
 pub use reader::{StoreReader, StoredMessage};
 pub use state_machine::StateMachine;
 pub use typ::{Node, NodeId, TypeConfig};
@@ -51,6 +51,28 @@ pub struct Store {
     pub state_machine: StateMachine,
     /// The read side for the HTTP API and subscriptions; cheap to clone.
     pub reader: StoreReader,
+    /// Tells when every handle to the database is gone (RocksDB is closed).
+    pub closed: Closed,
+}
+
+/// Watches for RocksDB to be closed: it closes when the last handle (log store, state
+/// machine, readers) is dropped. A process must not exit while it is open: RocksDB's
+/// background threads would still run while static destructors do, and abort the process.
+pub struct Closed(std::sync::Weak<rocksdb::DB>);
+
+impl Closed {
+    /// Waits until the database is closed, polling every 10 ms, at most `timeout`.
+    /// Returns whether it closed.
+    pub async fn wait(&self, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.0.strong_count() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
+    }
 }
 
 /// Opens (or creates) the store in `data_dir`.
@@ -59,19 +81,16 @@ pub struct Store {
 /// When this returns, an interrupted snapshot install has been redone, and the state
 /// machine reflects exactly the entries up to its persisted `last_applied`.
 pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
-    open_with(data_dir, LogSync::Background)
+    open_with(data_dir, IoMode::Background)
 }
 
 /// [`open`] with an explicit log sync mode.
-pub fn open_with(data_dir: &Path, sync: LogSync) -> Result<Store, StoreError> {
+pub fn open_with(data_dir: &Path, mode: IoMode) -> Result<Store, StoreError> {
     let db = Arc::new(db::open(&data_dir.join("db"))?);
     let feeds = Arc::new(Feeds::default());
-    let log_store = LogStore::new(db.clone(), sync)?;
-    let state_machine = StateMachine::open(db.clone(), data_dir.join("snapshots"), feeds.clone())?;
+    let log_store = LogStore::new(db.clone(), mode)?;
+    let state_machine = StateMachine::open(db.clone(), data_dir.join("snapshots"), feeds.clone(), mode)?;
     let reader = state_machine.reader();
-    Ok(Store {
-        log_store,
-        state_machine,
-        reader,
-    })
+    let closed = Closed(Arc::downgrade(&db));
+    Ok(Store { log_store, state_machine, reader, closed })
 }

@@ -22,14 +22,17 @@ use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, 
 use crate::typ::{Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
-/// How appends reach the disk. Both fsync before openraft is told an entry is durable.
+/// Where the store's slow I/O runs. Both modes fsync a log entry before openraft is told it
+/// is durable; they differ only in which thread waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogSync {
-    /// A syncer thread fsyncs once for every append queued meanwhile (group commit), and the
-    /// append itself returns at once. The production mode.
+pub enum IoMode {
+    /// A syncer thread fsyncs once for every append queued meanwhile (group commit) while the
+    /// append itself returns at once; snapshots are built and installed on tokio's blocking
+    /// pool. The production mode.
     Background,
-    /// Each append is written with `sync = true` before it returns. Uses no thread, so a
-    /// deterministic simulation can run it on its single thread.
+    /// Everything runs on the calling thread: each append is written with `sync = true`
+    /// before it returns, snapshots are built and installed inline. No other thread touches
+    /// the store, so a deterministic simulation replays exactly.
     Inline,
 }
 
@@ -38,34 +41,26 @@ pub enum LogSync {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    /// The syncer thread's queue; `None` when appends fsync inline (see [`LogSync`]).
+    /// The syncer thread's queue; `None` when appends fsync inline (see [`IoMode`]).
     syncer: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
     /// Highest committed index this node has learned; for `/cluster` and `/ready`.
     committed_index: Arc<AtomicU64>,
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>, sync: LogSync) -> Result<Self, StoreError> {
+    pub fn new(db: Arc<DB>, sync: IoMode) -> Result<Self, StoreError> {
         let syncer = match sync {
-            LogSync::Inline => None,
-            LogSync::Background => {
+            IoMode::Inline => None,
+            IoMode::Background => {
                 let (syncer, queue) = mpsc::channel();
                 let sync_db = db.clone();
-                std::thread::Builder::new()
-                    .name("log-syncer".into())
-                    .spawn(move || run_syncer(&sync_db, &queue))?;
+                std::thread::Builder::new().name("log-syncer".into()).spawn(move || run_syncer(&sync_db, &queue))?;
                 Some(syncer)
             }
         };
-        let store = Self {
-            db,
-            syncer,
-            committed_index: Arc::new(AtomicU64::new(0)),
-        };
+        let store = Self { db, syncer, committed_index: Arc::new(AtomicU64::new(0)) };
         if let Some(committed) = store.read_committed_sync()? {
-            store
-                .committed_index
-                .store(committed.index, Ordering::Relaxed);
+            store.committed_index.store(committed.index, Ordering::Relaxed);
         }
         Ok(store)
     }
@@ -75,14 +70,9 @@ impl LogStore {
         self.committed_index.clone()
     }
 
-    fn get_meta<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, StoreError> {
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
         match self.db.get_cf(cf(&self.db, CF_RAFT)?, key)? {
-            Some(bytes) => Ok(Some(
-                bincode::deserialize(&bytes).map_err(StoreError::decode("raft meta"))?,
-            )),
+            Some(bytes) => Ok(Some(bincode::deserialize(&bytes).map_err(StoreError::decode("raft meta"))?)),
             None => Ok(None),
         }
     }
@@ -92,35 +82,24 @@ impl LogStore {
     }
 
     fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {
-        let mut iter = self
-            .db
-            .iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::End);
+        let mut iter = self.db.iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::End);
         match iter.next() {
             Some(item) => {
                 let (_, value) = item?;
-                let entry: Entry =
-                    bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?;
+                let entry: Entry = bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?;
                 Ok(Some(entry.log_id))
             }
             None => Ok(None),
         }
     }
 
-    fn read_range(
-        &self,
-        start: u64,
-        end_exclusive: u64,
-        max: usize,
-    ) -> Result<Vec<Entry>, StoreError> {
+    fn read_range(&self, start: u64, end_exclusive: u64, max: usize) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::new();
         if start >= end_exclusive {
             return Ok(out);
         }
         let from = log_key(start);
-        for item in self.db.iterator_cf(
-            cf(&self.db, CF_LOG)?,
-            IteratorMode::From(&from, Direction::Forward),
-        ) {
+        for item in self.db.iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::From(&from, Direction::Forward)) {
             let (key, value) = item?;
             let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
             if index >= end_exclusive || out.len() >= max {
@@ -179,10 +158,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.get_meta(LAST_PURGED).map_err(read_err)?;
         let last_log_id = self.last_log_id().map_err(read_err)?.or(last_purged_log_id);
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
+        Ok(LogState { last_purged_log_id, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -192,12 +168,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// # Correctness
     /// The vote is fsynced before this returns: a node must never vote twice in a term.
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let bytes =
-            bincode::serialize(vote).map_err(|e| write_err(StoreError::decode("vote")(e)))?;
+        let bytes = bincode::serialize(vote).map_err(|e| write_err(StoreError::decode("vote")(e)))?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
-        self.db
-            .put_cf_opt(raft, VOTE, bytes, &synced())
-            .map_err(write_err)
+        self.db.put_cf_opt(raft, VOTE, bytes, &synced()).map_err(write_err)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -213,16 +186,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
         match committed {
             Some(c) => {
-                let bytes = bincode::serialize(&c)
-                    .map_err(|e| write_err(StoreError::decode("committed")(e)))?;
-                self.db
-                    .put_cf_opt(raft, COMMITTED, bytes, &unsynced())
-                    .map_err(write_err)
+                let bytes = bincode::serialize(&c).map_err(|e| write_err(StoreError::decode("committed")(e)))?;
+                self.db.put_cf_opt(raft, COMMITTED, bytes, &unsynced()).map_err(write_err)
             }
-            None => self
-                .db
-                .delete_cf_opt(raft, COMMITTED, &unsynced())
-                .map_err(write_err),
+            None => self.db.delete_cf_opt(raft, COMMITTED, &unsynced()).map_err(write_err),
         }
     }
 
@@ -233,11 +200,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// # Correctness
     /// Entries are readable when this returns; `callback` fires only after the WAL holding
     /// them is fsynced (by the syncer thread, shared with other appends).
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -245,26 +208,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let mut batch = WriteBatch::default();
         for entry in entries {
-            let bytes = bincode::serialize(&entry)
-                .map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
+            let bytes = bincode::serialize(&entry).map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
             batch.put_cf(log, log_key(entry.log_id.index), bytes);
         }
         match &self.syncer {
             Some(syncer) => {
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
-                syncer
-                    .send(callback)
-                    .map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
+                syncer.send(callback).map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
             }
             None => {
-                let result = self
-                    .db
-                    .write_opt(batch, &synced())
-                    .map_err(|e| std::io::Error::other(e.to_string()));
-                let failed = result
-                    .as_ref()
-                    .err()
-                    .map(|e| write_err(StoreError::Io(std::io::Error::other(e.to_string()))));
+                let result = self.db.write_opt(batch, &synced()).map_err(|e| std::io::Error::other(e.to_string()));
+                let failed =
+                    result.as_ref().err().map(|e| write_err(StoreError::Io(std::io::Error::other(e.to_string()))));
                 callback.log_io_completed(result);
                 failed.map_or(Ok(()), Err)
             }
@@ -287,8 +242,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
-        let bytes =
-            bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
+        let bytes = bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
         let mut batch = WriteBatch::default();
         batch.put_cf(raft, LAST_PURGED, bytes);
         batch.delete_range_cf(log, log_key(0), log_key(log_id.index + 1));

@@ -53,34 +53,20 @@ pub struct StoreReader {
 impl StoreReader {
     /// A topic's record, including deleted ones (check `deleted`).
     pub fn topic(&self, name: &str) -> Option<TopicRecord> {
-        self.topics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .get(name)
-            .cloned()
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).cloned()
     }
 
     /// Active topic records, sorted by name.
     pub fn active_topics(&self) -> Vec<TopicRecord> {
         let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
-        let mut list: Vec<TopicRecord> = topics
-            .by_name
-            .values()
-            .filter(|r| !r.deleted)
-            .cloned()
-            .collect();
+        let mut list: Vec<TopicRecord> = topics.by_name.values().filter(|r| !r.deleted).cloned().collect();
         list.sort_by(|a, b| a.name.cmp(&b.name));
         list
     }
 
     /// Number of topic records (active and deleted).
     pub fn topic_count(&self) -> usize {
-        self.topics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .len()
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.len()
     }
 
     /// Messages of `topic_id` with `sequence > after`, in order, at most `limit` (and at
@@ -97,18 +83,14 @@ impl StoreReader {
             return Ok(out);
         }
         let start = message_key(topic_id, after + 1);
-        let iter = self.db.iterator_cf(
-            cf(&self.db, CF_MESSAGES)?,
-            IteratorMode::From(&start, Direction::Forward),
-        );
+        let iter = self.db.iterator_cf(cf(&self.db, CF_MESSAGES)?, IteratorMode::From(&start, Direction::Forward));
         let mut bytes = 0usize;
         for item in iter {
             let (key, value) = item?;
             if key.len() != 16 || decode_u64(&key[..8]) != Some(topic_id) {
                 break;
             }
-            let sequence =
-                decode_u64(&key[8..]).ok_or_else(|| StoreError::Corrupt("message key".into()))?;
+            let sequence = decode_u64(&key[8..]).ok_or_else(|| StoreError::Corrupt("message key".into()))?;
             let message = StoredMessage::decode(&value)?;
             bytes += message.payload.len();
             out.push((sequence, message));
@@ -121,28 +103,20 @@ impl StoreReader {
 
     /// The sequence a message id was stored with, while it is retained.
     pub fn dedup(&self, topic_id: u64, id: &str) -> Result<Option<u64>, StoreError> {
-        let value = self
-            .db
-            .get_cf(cf(&self.db, CF_DEDUP)?, topic_scoped_key(topic_id, id))?;
+        let value = self.db.get_cf(cf(&self.db, CF_DEDUP)?, topic_scoped_key(topic_id, id))?;
         Ok(value.as_deref().and_then(decode_u64))
     }
 
     /// A subscriber's acknowledged sequence on a topic.
     pub fn cursor(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError> {
-        let value = self.db.get_cf(
-            cf(&self.db, CF_CURSORS)?,
-            topic_scoped_key(topic_id, subscriber_id),
-        )?;
+        let value = self.db.get_cf(cf(&self.db, CF_CURSORS)?, topic_scoped_key(topic_id, subscriber_id))?;
         Ok(value.as_deref().and_then(decode_u64))
     }
 
     /// Recorded cursors of a topic, by subscriber id, at most `limit`.
     pub fn cursors(&self, topic_id: u64, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
         let prefix = topic_id.to_be_bytes();
-        let iter = self.db.iterator_cf(
-            cf(&self.db, CF_CURSORS)?,
-            IteratorMode::From(&prefix, Direction::Forward),
-        );
+        let iter = self.db.iterator_cf(cf(&self.db, CF_CURSORS)?, IteratorMode::From(&prefix, Direction::Forward));
         let mut out = Vec::new();
         for item in iter {
             let (key, value) = item?;

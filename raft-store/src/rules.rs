@@ -7,9 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::command::{
-    AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord,
-};
+use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 use crate::limits::{TOPICS_MAX, TRIM_PER_COMMAND_MAX};
 use crate::reader::StoredMessage;
 use crate::StoreError;
@@ -28,8 +26,7 @@ pub trait SmStore {
     fn dedup_put(&mut self, topic_id: u64, id: &str, sequence: u64);
     fn dedup_delete(&mut self, topic_id: u64, id: &str);
     fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage);
-    fn message_meta(&self, topic_id: u64, sequence: u64)
-        -> Result<Option<MessageMeta>, StoreError>;
+    fn message_meta(&self, topic_id: u64, sequence: u64) -> Result<Option<MessageMeta>, StoreError>;
     /// Deletes messages `[from, to)`.
     fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64);
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64);
@@ -50,18 +47,11 @@ pub fn apply(
     request: &Request,
 ) -> Result<(Response, Vec<String>), StoreError> {
     match request {
-        Request::CreateTopic {
-            topic,
-            metadata,
-            retention,
-            now_ms,
-        } => Ok(create_topic(topics, topic, metadata, *retention, *now_ms)),
+        Request::CreateTopic { topic, metadata, retention, now_ms } => {
+            Ok(create_topic(topics, topic, metadata, *retention, *now_ms))
+        }
         Request::DeleteTopic { topic } => Ok(delete_topic(topics, topic)),
-        Request::Publish {
-            topic,
-            messages,
-            now_ms,
-        } => publish(topics, store, topic, messages, *now_ms),
+        Request::Publish { topic, messages, now_ms } => publish(topics, store, topic, messages, *now_ms),
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
         Request::Tick { now_ms } => tick(topics, store, *now_ms),
     }
@@ -83,10 +73,7 @@ fn create_topic(
         record.created_at = now_ms;
         record.metadata = metadata.clone();
         record.retention = retention;
-        return (
-            Response::TopicCreated { created: true },
-            vec![name.to_string()],
-        );
+        return (Response::TopicCreated { created: true }, vec![name.to_string()]);
     }
     if topics.by_name.len() >= TOPICS_MAX {
         // The edge refuses this before proposing; a replica that still sees it must agree.
@@ -105,10 +92,7 @@ fn create_topic(
         bytes: 0,
     };
     topics.by_name.insert(name.to_string(), record);
-    (
-        Response::TopicCreated { created: true },
-        vec![name.to_string()],
-    )
+    (Response::TopicCreated { created: true }, vec![name.to_string()])
 }
 
 fn delete_topic(topics: &mut Topics, name: &str) -> (Response, Vec<String>) {
@@ -163,21 +147,13 @@ fn ack(topics: &Topics, store: &mut impl SmStore, acks: &[AckRecord]) -> (Respon
         // An ack for a deleted or unknown topic, or past the end, is ignored: acks are
         // advisory and must never fail a coalesced batch of others.
         if let Some(record) = topics.by_name.get(&a.topic).filter(|r| !r.deleted) {
-            store.cursor_put(
-                record.id,
-                &a.subscriber_id,
-                a.sequence.min(record.current_sequence),
-            );
+            store.cursor_put(record.id, &a.subscriber_id, a.sequence.min(record.current_sequence));
         }
     }
     (Response::Acked, vec![])
 }
 
-fn tick(
-    topics: &mut Topics,
-    store: &mut impl SmStore,
-    now_ms: u64,
-) -> Result<(Response, Vec<String>), StoreError> {
+fn tick(topics: &mut Topics, store: &mut impl SmStore, now_ms: u64) -> Result<(Response, Vec<String>), StoreError> {
     let mut names: Vec<&String> = topics
         .by_name
         .iter()
@@ -201,18 +177,12 @@ fn tick(
 
 /// Drops the oldest messages while the topic is over any of its retention limits, at
 /// most [`TRIM_PER_COMMAND_MAX`] at a time. Returns how many were dropped.
-fn trim(
-    record: &mut TopicRecord,
-    store: &mut impl SmStore,
-    now_ms: u64,
-) -> Result<u64, StoreError> {
+fn trim(record: &mut TopicRecord, store: &mut impl SmStore, now_ms: u64) -> Result<u64, StoreError> {
     let retention = record.retention;
     if retention.is_unlimited() {
         return Ok(0);
     }
-    let cutoff_ms = retention
-        .hours
-        .map(|h| now_ms.saturating_sub(h.saturating_mul(3_600_000)));
+    let cutoff_ms = retention.hours.map(|h| now_ms.saturating_sub(h.saturating_mul(3_600_000)));
     let start = record.first_sequence;
     let mut first = start;
     while first <= record.current_sequence && first - start < TRIM_PER_COMMAND_MAX {
@@ -223,10 +193,7 @@ fn trim(
             break;
         }
         let Some(meta) = store.message_meta(record.id, first)? else {
-            return Err(StoreError::Corrupt(format!(
-                "topic {} is missing retained message {first}",
-                record.name
-            )));
+            return Err(StoreError::Corrupt(format!("topic {} is missing retained message {first}", record.name)));
         };
         let too_old = cutoff_ms.is_some_and(|cutoff| meta.stored_at < cutoff);
         if !over_count && !over_bytes && !too_old {
@@ -272,19 +239,12 @@ pub(crate) mod tests {
         fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage) {
             self.messages.insert((topic_id, sequence), message);
         }
-        fn message_meta(
-            &self,
-            topic_id: u64,
-            sequence: u64,
-        ) -> Result<Option<MessageMeta>, StoreError> {
-            Ok(self
-                .messages
-                .get(&(topic_id, sequence))
-                .map(|m| MessageMeta {
-                    id: m.id.clone(),
-                    payload_bytes: m.payload.len() as u64,
-                    stored_at: m.stored_at,
-                }))
+        fn message_meta(&self, topic_id: u64, sequence: u64) -> Result<Option<MessageMeta>, StoreError> {
+            Ok(self.messages.get(&(topic_id, sequence)).map(|m| MessageMeta {
+                id: m.id.clone(),
+                payload_bytes: m.payload.len() as u64,
+                stored_at: m.stored_at,
+            }))
         }
         fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64) {
             for seq in from..to {
@@ -292,67 +252,37 @@ pub(crate) mod tests {
             }
         }
         fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
-            self.cursors
-                .insert((topic_id, subscriber_id.to_string()), sequence);
+            self.cursors.insert((topic_id, subscriber_id.to_string()), sequence);
         }
     }
 
     pub fn create(topic: &str, retention: Retention) -> Request {
-        Request::CreateTopic {
-            topic: topic.into(),
-            metadata: None,
-            retention,
-            now_ms: 1,
-        }
+        Request::CreateTopic { topic: topic.into(), metadata: None, retention, now_ms: 1 }
     }
 
     pub fn msg(id: &str) -> NewMessage {
-        NewMessage {
-            id: id.into(),
-            timestamp: 7,
-            payload: Bytes::from_static(b"{\"k\":1}"),
-        }
+        NewMessage { id: id.into(), timestamp: 7, payload: Bytes::from_static(b"{\"k\":1}") }
     }
 
     pub fn publish_at(topic: &str, ids: &[&str], now_ms: u64) -> Request {
-        Request::Publish {
-            topic: topic.into(),
-            messages: ids.iter().map(|id| msg(id)).collect(),
-            now_ms,
-        }
+        Request::Publish { topic: topic.into(), messages: ids.iter().map(|id| msg(id)).collect(), now_ms }
     }
 
     fn run(topics: &mut Topics, store: &mut MemStore, request: Request) -> Response {
-        apply(topics, store, &request)
-            .expect("in-memory store does not fail")
-            .0
+        apply(topics, store, &request).expect("in-memory store does not fail").0
     }
 
     fn stored(seqs: &[u64]) -> Response {
-        Response::Published {
-            results: seqs
-                .iter()
-                .map(|&sequence| PublishResult::Stored { sequence })
-                .collect(),
-        }
+        Response::Published { results: seqs.iter().map(|&sequence| PublishResult::Stored { sequence }).collect() }
     }
 
     #[test]
     fn sequences_are_contiguous_from_one_across_single_and_batch_publishes() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
         run(&mut t, &mut s, create("a", Retention::default()));
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["1"], 5)),
-            stored(&[1])
-        );
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["2", "3", "4"], 5)),
-            stored(&[2, 3, 4])
-        );
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["5"], 5)),
-            stored(&[5])
-        );
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["1"], 5)), stored(&[1]));
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["2", "3", "4"], 5)), stored(&[2, 3, 4]));
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["5"], 5)), stored(&[5]));
         let keys: Vec<u64> = s.messages.keys().map(|(_, seq)| *seq).collect();
         assert_eq!(keys, vec![1, 2, 3, 4, 5]);
         assert_eq!(t.by_name["a"].current_sequence, 5);
@@ -365,10 +295,7 @@ pub(crate) mod tests {
         run(&mut t, &mut s, create("a", Retention::default()));
         run(&mut t, &mut s, create("b", Retention::default()));
         run(&mut t, &mut s, publish_at("a", &["x"], 5));
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("b", &["x"], 5)),
-            stored(&[1])
-        );
+        assert_eq!(run(&mut t, &mut s, publish_at("b", &["x"], 5)), stored(&[1]));
     }
 
     #[test]
@@ -377,18 +304,8 @@ pub(crate) mod tests {
         run(&mut t, &mut s, create("a", Retention::default()));
         run(&mut t, &mut s, publish_at("a", &["m1", "m2"], 5));
         let r = run(&mut t, &mut s, publish_at("a", &["m1"], 5));
-        assert_eq!(
-            r,
-            Response::Published {
-                results: vec![PublishResult::Duplicate {
-                    existing_sequence: 1
-                }]
-            }
-        );
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["m3"], 5)),
-            stored(&[3])
-        );
+        assert_eq!(r, Response::Published { results: vec![PublishResult::Duplicate { existing_sequence: 1 }] });
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["m3"], 5)), stored(&[3]));
     }
 
     #[test]
@@ -402,9 +319,7 @@ pub(crate) mod tests {
                 results: vec![
                     PublishResult::Stored { sequence: 1 },
                     PublishResult::Stored { sequence: 2 },
-                    PublishResult::Duplicate {
-                        existing_sequence: 1
-                    },
+                    PublishResult::Duplicate { existing_sequence: 1 },
                 ]
             }
         );
@@ -413,18 +328,9 @@ pub(crate) mod tests {
     #[test]
     fn create_is_idempotent_and_publish_to_missing_topic_is_not_found() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
-        assert_eq!(
-            run(&mut t, &mut s, create("a", Retention::default())),
-            Response::TopicCreated { created: true }
-        );
-        assert_eq!(
-            run(&mut t, &mut s, create("a", Retention::default())),
-            Response::TopicCreated { created: false }
-        );
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("nope", &["1"], 5)),
-            Response::TopicNotFound
-        );
+        assert_eq!(run(&mut t, &mut s, create("a", Retention::default())), Response::TopicCreated { created: true });
+        assert_eq!(run(&mut t, &mut s, create("a", Retention::default())), Response::TopicCreated { created: false });
+        assert_eq!(run(&mut t, &mut s, publish_at("nope", &["1"], 5)), Response::TopicNotFound);
     }
 
     #[test]
@@ -433,53 +339,25 @@ pub(crate) mod tests {
         run(&mut t, &mut s, create("a", Retention::default()));
         run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
         let id = t.by_name["a"].id;
-        assert_eq!(
-            run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }),
-            Response::TopicDeleted
-        );
-        assert_eq!(
-            run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }),
-            Response::TopicNotFound
-        );
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["3"], 5)),
-            Response::TopicNotFound
-        );
-        assert_eq!(
-            run(&mut t, &mut s, create("a", Retention::default())),
-            Response::TopicCreated { created: true }
-        );
+        assert_eq!(run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }), Response::TopicDeleted);
+        assert_eq!(run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() }), Response::TopicNotFound);
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["3"], 5)), Response::TopicNotFound);
+        assert_eq!(run(&mut t, &mut s, create("a", Retention::default())), Response::TopicCreated { created: true });
         assert_eq!(t.by_name["a"].id, id);
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["3"], 5)),
-            stored(&[3])
-        );
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["3"], 5)), stored(&[3]));
     }
 
     #[test]
     fn retention_messages_keeps_the_newest_and_frees_their_ids() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
-        let keep_two = Retention {
-            messages: Some(2),
-            ..Default::default()
-        };
+        let keep_two = Retention { messages: Some(2), ..Default::default() };
         run(&mut t, &mut s, create("a", keep_two));
         run(&mut t, &mut s, publish_at("a", &["1", "2", "3", "4"], 5));
         let record = &t.by_name["a"];
-        assert_eq!(
-            (
-                record.first_sequence,
-                record.current_sequence,
-                record.message_count()
-            ),
-            (3, 4, 2)
-        );
+        assert_eq!((record.first_sequence, record.current_sequence, record.message_count()), (3, 4, 2));
         assert_eq!(s.messages.len(), 2);
         // Id "1" is no longer retained, so it is no longer a duplicate.
-        assert_eq!(
-            run(&mut t, &mut s, publish_at("a", &["1"], 5)),
-            stored(&[5])
-        );
+        assert_eq!(run(&mut t, &mut s, publish_at("a", &["1"], 5)), stored(&[5]));
         assert_eq!(t.by_name["a"].first_sequence, 4);
     }
 
@@ -487,17 +365,7 @@ pub(crate) mod tests {
     fn retention_bytes_boundary_is_inclusive() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
         // Each test payload is 7 bytes; 14 bytes keeps exactly two.
-        run(
-            &mut t,
-            &mut s,
-            create(
-                "a",
-                Retention {
-                    bytes: Some(14),
-                    ..Default::default()
-                },
-            ),
-        );
+        run(&mut t, &mut s, create("a", Retention { bytes: Some(14), ..Default::default() }));
         run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
         assert_eq!(t.by_name["a"].message_count(), 2);
         run(&mut t, &mut s, publish_at("a", &["3"], 5));
@@ -510,45 +378,16 @@ pub(crate) mod tests {
     fn retention_hours_uses_the_time_in_the_command_not_a_clock() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
         let hour = 3_600_000;
-        run(
-            &mut t,
-            &mut s,
-            create(
-                "a",
-                Retention {
-                    hours: Some(1),
-                    ..Default::default()
-                },
-            ),
-        );
+        run(&mut t, &mut s, create("a", Retention { hours: Some(1), ..Default::default() }));
         run(&mut t, &mut s, publish_at("a", &["old"], 1_000));
         run(&mut t, &mut s, publish_at("a", &["new"], 1_000 + hour));
         // Exactly one hour old is kept.
         assert_eq!(t.by_name["a"].message_count(), 2);
-        run(
-            &mut t,
-            &mut s,
-            Request::Tick {
-                now_ms: 1_001 + hour,
-            },
-        );
+        run(&mut t, &mut s, Request::Tick { now_ms: 1_001 + hour });
         assert_eq!(t.by_name["a"].first_sequence, 2);
-        run(
-            &mut t,
-            &mut s,
-            Request::Tick {
-                now_ms: 1_001 + 2 * hour,
-            },
-        );
+        run(&mut t, &mut s, Request::Tick { now_ms: 1_001 + 2 * hour });
         let record = &t.by_name["a"];
-        assert_eq!(
-            (
-                record.first_sequence,
-                record.current_sequence,
-                record.message_count()
-            ),
-            (3, 2, 0)
-        );
+        assert_eq!((record.first_sequence, record.current_sequence, record.message_count()), (3, 2, 0));
         assert!(s.messages.is_empty() && s.dedup.is_empty());
     }
 
@@ -556,15 +395,10 @@ pub(crate) mod tests {
     fn trimming_is_bounded_per_command() {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
         run(&mut t, &mut s, create("a", Retention::default()));
-        let ids: Vec<String> = (0..TRIM_PER_COMMAND_MAX + 5)
-            .map(|i| i.to_string())
-            .collect();
+        let ids: Vec<String> = (0..TRIM_PER_COMMAND_MAX + 5).map(|i| i.to_string()).collect();
         let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
         run(&mut t, &mut s, publish_at("a", &refs, 5));
-        t.by_name.get_mut("a").unwrap().retention = Retention {
-            messages: Some(1),
-            ..Default::default()
-        };
+        t.by_name.get_mut("a").unwrap().retention = Retention { messages: Some(1), ..Default::default() };
         run(&mut t, &mut s, Request::Tick { now_ms: 6 });
         // Tick only trims topics with retention_hours; a publish trims the rest.
         run(&mut t, &mut s, publish_at("a", &["last"], 6));
@@ -578,20 +412,10 @@ pub(crate) mod tests {
         let (mut t, mut s) = (Topics::default(), MemStore::default());
         run(&mut t, &mut s, create("a", Retention::default()));
         run(&mut t, &mut s, publish_at("a", &["1", "2", "3"], 5));
-        let ack = |sequence| AckRecord {
-            topic: "a".into(),
-            subscriber_id: "s".into(),
-            sequence,
-        };
+        let ack = |sequence| AckRecord { topic: "a".into(), subscriber_id: "s".into(), sequence };
         run(&mut t, &mut s, Request::Ack { acks: vec![ack(2)] });
         assert_eq!(s.cursors[&(1, "s".to_string())], 2);
-        run(
-            &mut t,
-            &mut s,
-            Request::Ack {
-                acks: vec![ack(99)],
-            },
-        );
+        run(&mut t, &mut s, Request::Ack { acks: vec![ack(99)] });
         assert_eq!(s.cursors[&(1, "s".to_string())], 3);
         run(&mut t, &mut s, Request::Ack { acks: vec![ack(1)] });
         assert_eq!(s.cursors[&(1, "s".to_string())], 1);

@@ -16,9 +16,7 @@ use std::path::Path;
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use crate::db::{cf, synced, unsynced};
-use crate::keys::{
-    INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META,
-};
+use crate::keys::{INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META};
 use crate::limits::SNAPSHOT_INSTALL_BATCH_RECORDS;
 use crate::typ::{LogId, SnapshotMeta, StoredMembership};
 use crate::StoreError;
@@ -85,10 +83,7 @@ pub struct PendingInstall {
 pub fn install(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreError> {
     let meta_cf = cf(db, SM_CFS[0])?;
     let pending = PendingInstall {
-        file_name: path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         meta: meta.clone(),
     };
     let pending = bincode::serialize(&pending).map_err(StoreError::decode("pending install"))?;
@@ -112,10 +107,7 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
     let mut magic = [0u8; MAGIC.len()];
     input.read_exact(&mut magic)?;
     if magic != MAGIC {
-        return Err(StoreError::Corrupt(format!(
-            "{} is not a snapshot file",
-            path.display()
-        )));
+        return Err(StoreError::Corrupt(format!("{} is not a snapshot file", path.display())));
     }
     let mut batch = WriteBatch::default();
     loop {
@@ -124,9 +116,9 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
         if tag[0] == END {
             break;
         }
-        let name = SM_CFS.get(tag[0] as usize).ok_or_else(|| {
-            StoreError::Corrupt(format!("snapshot record for column family {}", tag[0]))
-        })?;
+        let name = SM_CFS
+            .get(tag[0] as usize)
+            .ok_or_else(|| StoreError::Corrupt(format!("snapshot record for column family {}", tag[0])))?;
         let key = read_field(&mut input)?;
         let value = read_field(&mut input)?;
         if tag[0] == 0 && (key == SNAPSHOT_META || key == INSTALL_PENDING) {
@@ -150,9 +142,7 @@ fn read_field(input: &mut impl Read) -> Result<Vec<u8>, StoreError> {
     input.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len);
     if len > RECORD_BYTES_MAX {
-        return Err(StoreError::Corrupt(format!(
-            "snapshot record of {len} bytes"
-        )));
+        return Err(StoreError::Corrupt(format!("snapshot record of {len} bytes")));
     }
     let mut buf = vec![0u8; len as usize];
     input.read_exact(&mut buf)?;
@@ -162,4 +152,63 @@ fn read_field(input: &mut impl Read) -> Result<Vec<u8>, StoreError> {
 /// bincode for the few meta values written here.
 pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     bincode::serialize(value).map_err(StoreError::decode("meta"))
+}
+
+/// Snapshot data as openraft sees it: a file read and written with plain blocking calls.
+///
+/// openraft streams snapshot chunks through `AsyncRead`/`AsyncWrite`/`AsyncSeek`. Local file
+/// I/O of one chunk takes microseconds to a few milliseconds, like a RocksDB call, so it is
+/// done in place instead of on tokio's blocking pool (which `tokio::fs::File` uses): that keeps
+/// every store operation on the calling task, which is also what lets the simulation replay a
+/// seed exactly.
+#[derive(Debug)]
+pub struct SnapshotFile(pub File);
+
+impl tokio::io::AsyncRead for SnapshotFile {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = self.0.read(buf.initialize_unfilled())?;
+        buf.advance(n);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for SnapshotFile {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(self.0.write(buf))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(self.0.flush())
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncSeek for SnapshotFile {
+    fn start_seek(mut self: std::pin::Pin<&mut Self>, position: std::io::SeekFrom) -> std::io::Result<()> {
+        std::io::Seek::seek(&mut self.0, position).map(|_| ())
+    }
+
+    fn poll_complete(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<u64>> {
+        std::task::Poll::Ready(std::io::Seek::stream_position(&mut self.0))
+    }
 }

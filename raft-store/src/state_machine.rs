@@ -20,15 +20,14 @@ use crate::db::{cf, unsynced};
 use crate::error::{read_err, sm_write_err};
 use crate::feeds::Feeds;
 use crate::keys::{
-    decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, CF_SM_META,
-    CF_TOPICS, INSTALL_PENDING, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SNAPSHOT_META,
+    decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, CF_SM_META, CF_TOPICS,
+    INSTALL_PENDING, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SNAPSHOT_META,
 };
+use crate::log_store::IoMode;
 use crate::reader::{StoreReader, StoredMessage};
 use crate::rules::{self, MessageMeta, SmStore, Topics};
-use crate::snapshot::{self, encode, PendingInstall};
-use crate::typ::{
-    Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
-};
+use crate::snapshot::{self, encode, PendingInstall, SnapshotFile};
+use crate::typ::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::StoreError;
 
 /// The pub/sub state machine.
@@ -49,17 +48,29 @@ struct SnapshotFiles {
     dir: PathBuf,
     db: Arc<DB>,
     lock: Arc<Mutex<()>>,
+    mode: IoMode,
+}
+
+impl SnapshotFiles {
+    /// Runs blocking snapshot work on tokio's blocking pool, or inline (see [`IoMode`]).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        match self.mode {
+            IoMode::Inline => work(),
+            IoMode::Background => tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| StoreError::Corrupt(format!("snapshot task: {e}")))?,
+        }
+    }
 }
 
 impl StateMachine {
     /// Opens the state machine persisted in `db`; snapshot files live in `snapshot_dir`.
-    pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, feeds: Arc<Feeds>) -> Result<Self, StoreError> {
+    pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, feeds: Arc<Feeds>, mode: IoMode) -> Result<Self, StoreError> {
         std::fs::create_dir_all(&snapshot_dir)?;
-        let snapshots = SnapshotFiles {
-            dir: snapshot_dir,
-            db: db.clone(),
-            lock: Arc::new(Mutex::new(())),
-        };
+        let snapshots = SnapshotFiles { dir: snapshot_dir, db: db.clone(), lock: Arc::new(Mutex::new(())), mode };
         snapshots.redo_pending_install()?;
         snapshots.remove_partial_files()?;
         let mut sm = Self {
@@ -76,11 +87,7 @@ impl StateMachine {
 
     /// The read side, sharing this state machine's topics and feeds.
     pub fn reader(&self) -> StoreReader {
-        StoreReader {
-            db: self.db.clone(),
-            topics: self.topics.clone(),
-            feeds: self.feeds.clone(),
-        }
+        StoreReader { db: self.db.clone(), topics: self.topics.clone(), feeds: self.feeds.clone() }
     }
 
     /// (Re)loads the in-memory part of the state from RocksDB.
@@ -96,20 +103,11 @@ impl StateMachine {
         };
         let mut topics = Topics {
             by_name: HashMap::new(),
-            next_topic_id: self
-                .db
-                .get_cf(meta, NEXT_TOPIC_ID)?
-                .as_deref()
-                .and_then(decode_u64)
-                .unwrap_or(0),
+            next_topic_id: self.db.get_cf(meta, NEXT_TOPIC_ID)?.as_deref().and_then(decode_u64).unwrap_or(0),
         };
-        for item in self
-            .db
-            .iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start)
-        {
+        for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
             let (_, value) = item?;
-            let record: TopicRecord =
-                bincode::deserialize(&value).map_err(StoreError::decode("topic"))?;
+            let record: TopicRecord = bincode::deserialize(&value).map_err(StoreError::decode("topic"))?;
             topics.by_name.insert(record.name.clone(), record);
         }
         *self.topics.write().unwrap_or_else(|e| e.into_inner()) = topics;
@@ -119,10 +117,7 @@ impl StateMachine {
         Ok(())
     }
 
-    fn apply_entries(
-        &mut self,
-        entries: impl IntoIterator<Item = Entry>,
-    ) -> Result<Vec<Response>, StoreError> {
+    fn apply_entries(&mut self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<Response>, StoreError> {
         let mut watchers = self.feeds.lock();
         let mut topics = self.topics.write().unwrap_or_else(|e| e.into_inner());
         let mut batch = ApplyBatch::new(&self.db)?;
@@ -131,10 +126,7 @@ impl StateMachine {
         let mut membership_changed = false;
         let next_topic_id = topics.next_topic_id;
         for entry in entries {
-            debug_assert!(self
-                .last_applied
-                .as_ref()
-                .is_none_or(|a| a.index < entry.log_id.index));
+            debug_assert!(self.last_applied.as_ref().is_none_or(|a| a.index < entry.log_id.index));
             self.last_applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::None),
@@ -154,24 +146,16 @@ impl StateMachine {
         let topics_cf = cf(&self.db, CF_TOPICS)?;
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {
-                batch
-                    .batch
-                    .put_cf(topics_cf, name.as_bytes(), encode(record)?);
+                batch.batch.put_cf(topics_cf, name.as_bytes(), encode(record)?);
             }
         }
         if topics.next_topic_id != next_topic_id {
-            batch
-                .batch
-                .put_cf(meta, NEXT_TOPIC_ID, topics.next_topic_id.to_be_bytes());
+            batch.batch.put_cf(meta, NEXT_TOPIC_ID, topics.next_topic_id.to_be_bytes());
         }
         if membership_changed {
-            batch
-                .batch
-                .put_cf(meta, MEMBERSHIP, encode(&self.membership)?);
+            batch.batch.put_cf(meta, MEMBERSHIP, encode(&self.membership)?);
         }
-        batch
-            .batch
-            .put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
+        batch.batch.put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
         self.db.write_opt(batch.batch, &unsynced())?;
 
         for name in &changed {
@@ -219,84 +203,48 @@ impl SmStore for ApplyBatch<'_> {
         if let Some(pending) = self.dedup.get(&(topic_id, id.to_string())) {
             return Ok(*pending);
         }
-        Ok(self
-            .db
-            .get_pinned_cf(self.cf_dedup, topic_scoped_key(topic_id, id))?
-            .as_deref()
-            .and_then(decode_u64))
+        Ok(self.db.get_pinned_cf(self.cf_dedup, topic_scoped_key(topic_id, id))?.as_deref().and_then(decode_u64))
     }
 
     fn dedup_put(&mut self, topic_id: u64, id: &str, sequence: u64) {
-        self.batch.put_cf(
-            self.cf_dedup,
-            topic_scoped_key(topic_id, id),
-            sequence.to_be_bytes(),
-        );
-        self.dedup
-            .insert((topic_id, id.to_string()), Some(sequence));
+        self.batch.put_cf(self.cf_dedup, topic_scoped_key(topic_id, id), sequence.to_be_bytes());
+        self.dedup.insert((topic_id, id.to_string()), Some(sequence));
     }
 
     fn dedup_delete(&mut self, topic_id: u64, id: &str) {
-        self.batch
-            .delete_cf(self.cf_dedup, topic_scoped_key(topic_id, id));
+        self.batch.delete_cf(self.cf_dedup, topic_scoped_key(topic_id, id));
         self.dedup.insert((topic_id, id.to_string()), None);
     }
 
     fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage) {
-        self.batch.put_cf(
-            self.cf_messages,
-            message_key(topic_id, sequence),
-            message.encode(),
-        );
-        let meta = MessageMeta {
-            id: message.id,
-            payload_bytes: message.payload.len() as u64,
-            stored_at: message.stored_at,
-        };
+        self.batch.put_cf(self.cf_messages, message_key(topic_id, sequence), message.encode());
+        let meta =
+            MessageMeta { id: message.id, payload_bytes: message.payload.len() as u64, stored_at: message.stored_at };
         self.messages.insert((topic_id, sequence), meta);
     }
 
-    fn message_meta(
-        &self,
-        topic_id: u64,
-        sequence: u64,
-    ) -> Result<Option<MessageMeta>, StoreError> {
+    fn message_meta(&self, topic_id: u64, sequence: u64) -> Result<Option<MessageMeta>, StoreError> {
         if let Some(meta) = self.messages.get(&(topic_id, sequence)) {
             return Ok(Some(meta.clone()));
         }
-        match self
-            .db
-            .get_pinned_cf(self.cf_messages, message_key(topic_id, sequence))?
-        {
+        match self.db.get_pinned_cf(self.cf_messages, message_key(topic_id, sequence))? {
             Some(bytes) => {
                 let m = StoredMessage::decode(&bytes)?;
-                Ok(Some(MessageMeta {
-                    payload_bytes: m.payload.len() as u64,
-                    id: m.id,
-                    stored_at: m.stored_at,
-                }))
+                Ok(Some(MessageMeta { payload_bytes: m.payload.len() as u64, id: m.id, stored_at: m.stored_at }))
             }
             None => Ok(None),
         }
     }
 
     fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64) {
-        self.batch.delete_range_cf(
-            self.cf_messages,
-            message_key(topic_id, from),
-            message_key(topic_id, to),
-        );
+        self.batch.delete_range_cf(self.cf_messages, message_key(topic_id, from), message_key(topic_id, to));
         for sequence in from..to {
             self.messages.remove(&(topic_id, sequence));
         }
     }
 
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
-        self.batch.put_cf(
-            self.cf_cursors,
-            topic_scoped_key(topic_id, subscriber_id),
-            sequence.to_be_bytes(),
-        );
+        self.batch.put_cf(self.cf_cursors, topic_scoped_key(topic_id, subscriber_id), sequence.to_be_bytes());
     }
 }
 
@@ -307,9 +255,7 @@ impl SnapshotFiles {
 
     fn current_meta(&self) -> Result<Option<SnapshotMeta>, StoreError> {
         match self.db.get_cf(cf(&self.db, CF_SM_META)?, SNAPSHOT_META)? {
-            Some(b) => Ok(Some(
-                bincode::deserialize(&b).map_err(StoreError::decode("snapshot meta"))?,
-            )),
+            Some(b) => Ok(Some(bincode::deserialize(&b).map_err(StoreError::decode("snapshot meta"))?)),
             None => Ok(None),
         }
     }
@@ -322,12 +268,7 @@ impl SnapshotFiles {
                 return Ok(false);
             }
         }
-        self.db.put_cf_opt(
-            cf(&self.db, CF_SM_META)?,
-            SNAPSHOT_META,
-            encode(meta)?,
-            &crate::db::synced(),
-        )?;
+        self.db.put_cf_opt(cf(&self.db, CF_SM_META)?, SNAPSHOT_META, encode(meta)?, &crate::db::synced())?;
         self.remove_other_files(&meta.snapshot_id)?;
         Ok(true)
     }
@@ -359,8 +300,7 @@ impl SnapshotFiles {
         let Some(bytes) = self.db.get_cf(cf(&self.db, CF_SM_META)?, INSTALL_PENDING)? else {
             return Ok(());
         };
-        let pending: PendingInstall =
-            bincode::deserialize(&bytes).map_err(StoreError::decode("pending install"))?;
+        let pending: PendingInstall = bincode::deserialize(&bytes).map_err(StoreError::decode("pending install"))?;
         tracing::warn!(snapshot = %pending.meta.snapshot_id, "redoing a snapshot install interrupted by a crash");
         snapshot::install_pending(&self.db, &self.dir.join(&pending.file_name), &pending.meta)
     }
@@ -373,29 +313,19 @@ impl SnapshotFiles {
             None => format!("empty-{}", unique_suffix()),
         };
         std::fs::rename(&part, self.path(&snapshot_id))?;
-        let meta = SnapshotMeta {
-            last_log_id,
-            last_membership,
-            snapshot_id,
-        };
+        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         self.set_current(&meta)?;
         Ok(meta)
     }
 }
 
 fn unique_suffix() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 async fn open_snapshot(files: &SnapshotFiles, meta: SnapshotMeta) -> Result<Snapshot, StoreError> {
-    let file = tokio::fs::File::open(files.path(&meta.snapshot_id)).await?;
-    Ok(Snapshot {
-        meta,
-        snapshot: Box::new(file),
-    })
+    let file = std::fs::File::open(files.path(&meta.snapshot_id))?;
+    Ok(Snapshot { meta, snapshot: Box::new(SnapshotFile(file)) })
 }
 
 /// Builds snapshots from a RocksDB point-in-time view, concurrently with `apply`.
@@ -409,10 +339,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     /// describes exactly the state at its `last_log_id`, whatever `apply` does meanwhile.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let files = self.files.clone();
-        let meta = tokio::task::spawn_blocking(move || files.build())
-            .await
-            .map_err(|e| sm_write_err(StoreError::Corrupt(format!("snapshot task: {e}"))))?
-            .map_err(sm_write_err)?;
+        let meta = self.files.blocking(move || files.build()).await.map_err(sm_write_err)?;
         tracing::info!(snapshot = %meta.snapshot_id, "built snapshot");
         open_snapshot(&self.files, meta).await.map_err(read_err)
     }
@@ -437,65 +364,48 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder {
-            files: self.snapshots.clone(),
-        }
+        SnapshotBuilder { files: self.snapshots.clone() }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
-        let path = self
-            .snapshots
-            .dir
-            .join(format!("receive-{}.part", unique_suffix()));
-        let file = tokio::fs::OpenOptions::new()
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        let path = self.snapshots.dir.join(format!("receive-{}.part", unique_suffix()));
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(&path)
-            .await
             .map_err(|e| sm_write_err(StoreError::Io(e)))?;
-        Ok(Box::new(file))
+        Ok(Box::new(SnapshotFile(file)))
     }
 
     /// # Correctness
     /// The received data is copied to this node's own snapshot file and fsynced, then
     /// installed crash-safely (see [`snapshot::install`]).
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<tokio::fs::File>,
-    ) -> Result<(), StorageError> {
-        use tokio::io::AsyncSeekExt;
-        let mut source = *snapshot;
-        let err = |e: std::io::Error| sm_write_err(StoreError::Io(e));
-        source
-            .seek(std::io::SeekFrom::Start(0))
-            .await
-            .map_err(err)?;
-        let part = self
-            .snapshots
-            .dir
-            .join(format!("install-{}.part", unique_suffix()));
-        let mut target = tokio::fs::File::create(&part).await.map_err(err)?;
-        tokio::io::copy(&mut source, &mut target)
-            .await
-            .map_err(err)?;
-        target.sync_all().await.map_err(err)?;
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<SnapshotFile>) -> Result<(), StorageError> {
+        let mut source = snapshot.0;
+        let part = self.snapshots.dir.join(format!("install-{}.part", unique_suffix()));
         let path = self.snapshots.path(&meta.snapshot_id);
-        tokio::fs::rename(&part, &path).await.map_err(err)?;
+        let mut copy = || -> Result<(), std::io::Error> {
+            use std::io::Seek;
+            source.seek(std::io::SeekFrom::Start(0))?;
+            let mut target = std::fs::File::create(&part)?;
+            std::io::copy(&mut source, &mut target)?;
+            target.sync_all()?;
+            std::fs::rename(&part, &path)
+        };
+        copy().map_err(|e| sm_write_err(StoreError::Io(e)))?;
 
         let (db, meta_owned, install_path) = (self.db.clone(), meta.clone(), path.clone());
         let guard_files = self.snapshots.clone();
-        tokio::task::spawn_blocking(move || {
-            let _guard = guard_files.lock.lock().unwrap_or_else(|e| e.into_inner());
-            snapshot::install(&db, &install_path, &meta_owned)
-        })
-        .await
-        .map_err(|e| sm_write_err(StoreError::Corrupt(format!("install task: {e}"))))?
-        .map_err(sm_write_err)?;
-        self.snapshots
-            .remove_other_files(&meta.snapshot_id)
+        let files = self.snapshots.clone();
+        files
+            .blocking(move || {
+                let _guard = guard_files.lock.lock().unwrap_or_else(|e| e.into_inner());
+                snapshot::install(&db, &install_path, &meta_owned)
+            })
+            .await
             .map_err(sm_write_err)?;
+        self.snapshots.remove_other_files(&meta.snapshot_id).map_err(sm_write_err)?;
 
         {
             // Readers must not see a half-loaded topic map: hold the feeds lock as apply does.
@@ -503,11 +413,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let _watchers = feeds.lock();
             self.load().map_err(read_err)?;
         }
-        let topics = self
-            .topics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner()).clone();
         self.feeds.notify_all(&topics);
         tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");
         Ok(())

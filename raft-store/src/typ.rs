@@ -32,7 +32,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = Node,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = crate::snapshot::SnapshotFile,
         AsyncRuntime = crate::runtime::Runtime,
 );
 
@@ -50,8 +50,7 @@ pub type Snapshot = openraft::Snapshot<TypeConfig>;
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, Node>;
 pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
-pub type RPCError<E = openraft::error::Infallible> =
-    openraft::error::RPCError<NodeId, Node, RaftError<E>>;
+pub type RPCError<E = openraft::error::Infallible> = openraft::error::RPCError<NodeId, Node, RaftError<E>>;
 pub type ClientWriteError = openraft::error::ClientWriteError<NodeId, Node>;
 pub type ForwardToLeader = openraft::error::ForwardToLeader<NodeId, Node>;
 pub type InitializeError = openraft::error::InitializeError<NodeId, Node>;

@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftSnapshotBuilder, RaftStateMachine};
@@ -10,10 +11,7 @@ use raft_store::typ::Entry;
 use raft_store::{NewMessage, Request, Response, Retention};
 
 fn entry(index: u64, request: Request) -> Entry {
-    Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(request),
-    }
+    Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
 fn create(topic: &str) -> Request {
@@ -26,16 +24,8 @@ fn create(topic: &str) -> Request {
 }
 
 fn publish(topic: &str, id: &str) -> Request {
-    let m = NewMessage {
-        id: id.into(),
-        timestamp: 9,
-        payload: Bytes::from(format!("{{\"id\":\"{id}\"}}")),
-    };
-    Request::Publish {
-        topic: topic.into(),
-        messages: vec![m],
-        now_ms: 10,
-    }
+    let m = NewMessage { id: id.into(), timestamp: 9, payload: Bytes::from(format!("{{\"id\":\"{id}\"}}")) };
+    Request::Publish { topic: topic.into(), messages: vec![m], now_ms: 10 }
 }
 
 /// What the state machine serves: every topic record and its messages.
@@ -44,12 +34,7 @@ fn dump(reader: &raft_store::StoreReader) -> Vec<(raft_store::TopicRecord, Vec<(
         .active_topics()
         .into_iter()
         .map(|t| {
-            let messages = reader
-                .read_messages(t.id, 0, 1000)
-                .unwrap()
-                .into_iter()
-                .map(|(s, m)| (s, m.id))
-                .collect();
+            let messages = reader.read_messages(t.id, 0, 1000).unwrap().into_iter().map(|(s, m)| (s, m.id)).collect();
             (t, messages)
         })
         .collect()
@@ -58,49 +43,26 @@ fn dump(reader: &raft_store::StoreReader) -> Vec<(raft_store::TopicRecord, Vec<(
 #[tokio::test]
 async fn restart_from_disk_gives_the_same_state() {
     let dir = tempfile::tempdir().unwrap();
-    let before = {
+    let (before, closed) = {
         let mut store = raft_store::open(dir.path()).unwrap();
         let mut entries = vec![entry(1, create("a")), entry(2, create("b"))];
         for i in 0..50 {
-            entries.push(entry(
-                3 + i,
-                publish(if i % 2 == 0 { "a" } else { "b" }, &format!("m{i}")),
-            ));
+            entries.push(entry(3 + i, publish(if i % 2 == 0 { "a" } else { "b" }, &format!("m{i}"))));
         }
-        store
-            .log_store
-            .blocking_append(entries.clone())
-            .await
-            .unwrap();
+        store.log_store.blocking_append(entries.clone()).await.unwrap();
         store.state_machine.apply(entries).await.unwrap();
-        (
-            dump(&store.reader),
-            store.state_machine.applied_state().await.unwrap(),
-        )
+        ((dump(&store.reader), store.state_machine.applied_state().await.unwrap()), store.closed)
     };
+    // The log syncer thread lets go of RocksDB (and its lock file) just after the store drops.
+    assert!(closed.wait(Duration::from_secs(5)).await);
     let mut store = raft_store::open(dir.path()).unwrap();
     assert_eq!(dump(&store.reader), before.0);
     assert_eq!(store.state_machine.applied_state().await.unwrap(), before.1);
-    let logs = store
-        .log_store
-        .get_log_reader()
-        .await
-        .try_get_log_entries(1..53)
-        .await
-        .unwrap();
+    let logs = store.log_store.get_log_reader().await.try_get_log_entries(1..53).await.unwrap();
     assert_eq!(logs.len(), 52);
     // The next publish continues the sequence.
-    let r = store
-        .state_machine
-        .apply([entry(53, publish("a", "next"))])
-        .await
-        .unwrap();
-    assert_eq!(
-        r,
-        vec![Response::Published {
-            results: vec![raft_store::PublishResult::Stored { sequence: 26 }]
-        }]
-    );
+    let r = store.state_machine.apply([entry(53, publish("a", "next"))]).await.unwrap();
+    assert_eq!(r, vec![Response::Published { results: vec![raft_store::PublishResult::Stored { sequence: 26 }] }]);
 }
 
 #[tokio::test]
@@ -112,54 +74,25 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
         entries.push(entry(2 + i, publish("a", &format!("m{i}"))));
     }
     leader.state_machine.apply(entries).await.unwrap();
-    let snapshot = leader
-        .state_machine
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
     assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(301));
 
     let mut follower = raft_store::open(follower_dir.path()).unwrap();
-    follower
-        .state_machine
-        .apply([entry(1, create("stale"))])
-        .await
-        .unwrap();
-    follower
-        .state_machine
-        .install_snapshot(&snapshot.meta, snapshot.snapshot)
-        .await
-        .unwrap();
-    assert_eq!(
-        dump(&follower.reader),
-        dump(&leader.reader),
-        "the follower now holds exactly the leader's state"
-    );
+    follower.state_machine.apply([entry(1, create("stale"))]).await.unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!(dump(&follower.reader), dump(&leader.reader), "the follower now holds exactly the leader's state");
     assert!(follower.reader.topic("stale").is_none());
-    let current = follower
-        .state_machine
-        .get_current_snapshot()
-        .await
-        .unwrap()
-        .unwrap();
+    let current = follower.state_machine.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta, snapshot.meta);
     // Dedup survived: publishing an old id is a duplicate on the follower too.
-    let r = follower
-        .state_machine
-        .apply([entry(302, publish("a", "m7"))])
-        .await
-        .unwrap();
+    let r = follower.state_machine.apply([entry(302, publish("a", "m7"))]).await.unwrap();
     assert_eq!(
         r,
-        vec![Response::Published {
-            results: vec![raft_store::PublishResult::Duplicate {
-                existing_sequence: 8
-            }]
-        }]
+        vec![Response::Published { results: vec![raft_store::PublishResult::Duplicate { existing_sequence: 8 }] }]
     );
-    drop(follower);
+    let closed = follower.closed;
+    drop((follower.log_store, follower.state_machine, follower.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
     let reopened = raft_store::open(follower_dir.path()).unwrap();
     assert_eq!(dump(&reopened.reader), dump(&leader.reader));
 }
@@ -173,11 +106,7 @@ async fn crash_child_writer() {
     };
     let mut store = raft_store::open(std::path::Path::new(&dir)).unwrap();
     let first = entry(1, create("t"));
-    store
-        .log_store
-        .blocking_append([first.clone()])
-        .await
-        .unwrap();
+    store.log_store.blocking_append([first.clone()]).await.unwrap();
     store.state_machine.apply([first]).await.unwrap();
     for index in 2.. {
         let e = entry(index, publish("t", &format!("m{index}")));
@@ -191,13 +120,7 @@ async fn crash_child_writer() {
 fn a_crash_mid_write_leaves_a_consistent_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_writer",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads", "1"])
         .env("STORE_CRASH_CHILD_DIR", dir.path())
         .stdout(Stdio::piped())
         .spawn()
@@ -218,29 +141,16 @@ fn a_crash_mid_write_leaves_a_consistent_store() {
     rt.block_on(async {
         let mut store = raft_store::open(dir.path()).unwrap();
         // Every append reported durable is in the log.
-        let log = store
-            .log_store
-            .get_log_reader()
-            .await
-            .try_get_log_entries(1..=durable)
-            .await
-            .unwrap();
+        let log = store.log_store.get_log_reader().await.try_get_log_entries(1..=durable).await.unwrap();
         assert_eq!(log.len() as u64, durable);
         // The state machine is exactly a prefix of the log: its last_applied matches its data.
         let (applied, _) = store.state_machine.applied_state().await.unwrap();
         let applied = applied.map(|l| l.index).unwrap_or(0);
         let topic = store.reader.topic("t").expect("topic t");
-        assert_eq!(
-            topic.current_sequence,
-            applied - 1,
-            "one message per entry after the create"
-        );
+        assert_eq!(topic.current_sequence, applied - 1, "one message per entry after the create");
         let messages = store.reader.read_messages(topic.id, 0, 1000).unwrap();
         let expected: Vec<u64> = (1..=topic.current_sequence.min(1000)).collect();
-        assert_eq!(
-            messages.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
-            expected
-        );
+        assert_eq!(messages.iter().map(|(s, _)| *s).collect::<Vec<_>>(), expected);
         for (seq, m) in &messages {
             assert_eq!(m.id, format!("m{}", seq + 1));
             assert_eq!(store.reader.dedup(topic.id, &m.id).unwrap(), Some(*seq));

@@ -46,40 +46,13 @@ pub enum Observed {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
-    LostWrite {
-        id: String,
-        acked_sequence: u64,
-        found: Option<u64>,
-    },
-    DuplicateId {
-        id: String,
-        sequences: Vec<u64>,
-    },
-    Fork {
-        node: String,
-        other: String,
-        sequence: u64,
-    },
-    NotContiguous {
-        node: String,
-        after: u64,
-        next: u64,
-    },
-    SubscriberGap {
-        subscription: String,
-        after: u64,
-        next: u64,
-    },
-    SubscriberDuplicate {
-        subscription: String,
-        sequence: u64,
-    },
-    SubscriberMismatch {
-        subscription: String,
-        sequence: u64,
-        saw: String,
-        log: String,
-    },
+    LostWrite { id: String, acked_sequence: u64, found: Option<u64> },
+    DuplicateId { id: String, sequences: Vec<u64> },
+    Fork { node: String, other: String, sequence: u64 },
+    NotContiguous { node: String, after: u64, next: u64 },
+    SubscriberGap { subscription: String, after: u64, next: u64 },
+    SubscriberDuplicate { subscription: String, sequence: u64 },
+    SubscriberMismatch { subscription: String, sequence: u64, saw: String, log: String },
 }
 
 impl fmt::Display for Violation {
@@ -96,25 +69,13 @@ impl History {
         for (node, log) in &self.logs {
             for pair in log.windows(2) {
                 if pair[1].0 != pair[0].0 + 1 {
-                    out.push(Violation::NotContiguous {
-                        node: node.clone(),
-                        after: pair[0].0,
-                        next: pair[1].0,
-                    });
+                    out.push(Violation::NotContiguous { node: node.clone(), after: pair[0].0, next: pair[1].0 });
                 }
             }
             if let Some((other, longest)) = reference {
-                let by_seq: HashMap<u64, &String> =
-                    longest.iter().map(|(s, id)| (*s, id)).collect();
-                if let Some((seq, _)) = log
-                    .iter()
-                    .find(|(s, id)| by_seq.get(s).is_some_and(|o| *o != id))
-                {
-                    out.push(Violation::Fork {
-                        node: node.clone(),
-                        other: other.clone(),
-                        sequence: *seq,
-                    });
+                let by_seq: HashMap<u64, &String> = longest.iter().map(|(s, id)| (*s, id)).collect();
+                if let Some((seq, _)) = log.iter().find(|(s, id)| by_seq.get(s).is_some_and(|o| *o != id)) {
+                    out.push(Violation::Fork { node: node.clone(), other: other.clone(), sequence: *seq });
                 }
             }
         }
@@ -125,20 +86,13 @@ impl History {
             }
             for (id, seqs) in &positions {
                 if seqs.len() > 1 {
-                    out.push(Violation::DuplicateId {
-                        id: id.to_string(),
-                        sequences: seqs.clone(),
-                    });
+                    out.push(Violation::DuplicateId { id: id.to_string(), sequences: seqs.clone() });
                 }
             }
             for (id, acked) in &self.acked {
                 let found = positions.get(id.as_str()).and_then(|s| s.first().copied());
                 if found != Some(*acked) {
-                    out.push(Violation::LostWrite {
-                        id: id.clone(),
-                        acked_sequence: *acked,
-                        found,
-                    });
+                    out.push(Violation::LostWrite { id: id.clone(), acked_sequence: *acked, found });
                 }
             }
             let by_seq: HashMap<u64, &String> = log.iter().map(|(s, id)| (*s, id)).collect();
@@ -146,9 +100,7 @@ impl History {
                 let mut last = run.cursor;
                 for event in &run.events {
                     match event {
-                        Observed::Expired { first_available } => {
-                            last = last.max(first_available.saturating_sub(1))
-                        }
+                        Observed::Expired { first_available } => last = last.max(first_available.saturating_sub(1)),
                         Observed::Message { sequence, id } => {
                             if *sequence <= last {
                                 out.push(Violation::SubscriberDuplicate {
@@ -187,10 +139,7 @@ mod tests {
     use super::*;
 
     fn log(ids: &[&str]) -> Vec<(u64, String)> {
-        ids.iter()
-            .enumerate()
-            .map(|(i, id)| (i as u64 + 1, id.to_string()))
-            .collect()
+        ids.iter().enumerate().map(|(i, id)| (i as u64 + 1, id.to_string())).collect()
     }
 
     fn good() -> History {
@@ -203,14 +152,8 @@ mod tests {
             name: "s".into(),
             cursor: 0,
             events: vec![
-                Observed::Message {
-                    sequence: 1,
-                    id: "a".into(),
-                },
-                Observed::Message {
-                    sequence: 2,
-                    id: "b".into(),
-                },
+                Observed::Message { sequence: 1, id: "a".into() },
+                Observed::Message { sequence: 2, id: "b".into() },
             ],
         });
         h
@@ -225,87 +168,45 @@ mod tests {
     fn a_lost_write_is_reported() {
         let mut h = good();
         h.acked.insert("z".into(), 3);
-        assert!(h.check().contains(&Violation::LostWrite {
-            id: "z".into(),
-            acked_sequence: 3,
-            found: None
-        }));
+        assert!(h.check().contains(&Violation::LostWrite { id: "z".into(), acked_sequence: 3, found: None }));
     }
 
     #[test]
     fn a_fork_is_reported() {
         let mut h = good();
         h.logs.insert("n2".into(), log(&["a", "x", "c"]));
-        assert!(
-            h.check()
-                .iter()
-                .any(|v| matches!(v, Violation::Fork { sequence: 2, .. })),
-            "{:?}",
-            h.check()
-        );
+        assert!(h.check().iter().any(|v| matches!(v, Violation::Fork { sequence: 2, .. })), "{:?}", h.check());
     }
 
     #[test]
     fn a_subscriber_gap_and_duplicate_are_reported_but_an_announced_expiry_is_not() {
         let mut h = good();
-        h.subscriptions[0].events.push(Observed::Message {
-            sequence: 2,
-            id: "b".into(),
-        });
+        h.subscriptions[0].events.push(Observed::Message { sequence: 2, id: "b".into() });
         h.subscriptions.push(SubscriberRun {
             name: "gap".into(),
             cursor: 0,
             events: vec![
-                Observed::Message {
-                    sequence: 1,
-                    id: "a".into(),
-                },
-                Observed::Message {
-                    sequence: 3,
-                    id: "c".into(),
-                },
+                Observed::Message { sequence: 1, id: "a".into() },
+                Observed::Message { sequence: 3, id: "c".into() },
             ],
         });
         h.subscriptions.push(SubscriberRun {
             name: "expired".into(),
             cursor: 0,
-            events: vec![
-                Observed::Expired { first_available: 3 },
-                Observed::Message {
-                    sequence: 3,
-                    id: "c".into(),
-                },
-            ],
+            events: vec![Observed::Expired { first_available: 3 }, Observed::Message { sequence: 3, id: "c".into() }],
         });
         let v = h.check();
-        assert!(v.contains(&Violation::SubscriberDuplicate {
-            subscription: "s".into(),
-            sequence: 2
-        }));
-        assert!(v.contains(&Violation::SubscriberGap {
-            subscription: "gap".into(),
-            after: 1,
-            next: 3
-        }));
+        assert!(v.contains(&Violation::SubscriberDuplicate { subscription: "s".into(), sequence: 2 }));
+        assert!(v.contains(&Violation::SubscriberGap { subscription: "gap".into(), after: 1, next: 3 }));
         assert_eq!(v.len(), 2, "{v:?}");
     }
 
     #[test]
     fn a_hole_in_a_log_and_a_duplicated_id_are_reported() {
         let mut h = good();
-        h.logs.insert(
-            "n1".into(),
-            vec![(1, "a".into()), (2, "b".into()), (4, "b".into())],
-        );
+        h.logs.insert("n1".into(), vec![(1, "a".into()), (2, "b".into()), (4, "b".into())]);
         let v = h.check();
-        assert!(v.iter().any(|v| matches!(
-            v,
-            Violation::NotContiguous {
-                after: 2,
-                next: 4,
-                ..
-            }
-        )));
+        assert!(v.iter().any(|v| matches!(v, Violation::NotContiguous { after: 2, next: 4, .. })));
         assert!(v.iter().any(|v| matches!(v, Violation::DuplicateId { .. })));
     }
 }

@@ -26,18 +26,10 @@ pub struct Reply {
 
 async fn reply(r: reqwest::Response) -> Reply {
     let status = r.status().as_u16();
-    let location = r
-        .headers()
-        .get("location")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let location = r.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_string);
     let text = r.text().await.unwrap_or_default();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply {
-        status,
-        location,
-        body,
-    }
+    Reply { status, location, body }
 }
 
 pub async fn get(url: &str) -> Result<Reply, reqwest::Error> {
@@ -54,15 +46,7 @@ pub async fn post(url: &str, body: &Value) -> Result<Reply, reqwest::Error> {
 }
 
 pub async fn post_raw(url: &str, body: impl Into<reqwest::Body>) -> Result<Reply, reqwest::Error> {
-    Ok(reply(
-        client()
-            .post(url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await?,
-    )
-    .await)
+    Ok(reply(client().post(url).header("content-type", "application/json").body(body).send().await?).await)
 }
 
 pub async fn delete(url: &str) -> Result<Reply, reqwest::Error> {

@@ -44,19 +44,12 @@ pub fn node_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = dir.join("pubsub-node");
-    assert!(
-        bin.exists(),
-        "{} not built: run `cargo build --release --bins` first",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} not built: run `cargo build --release --bins` first", bin.display());
     bin
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 /// One node process.
@@ -102,17 +95,10 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a cluster and waits until a leader is elected and every node knows it.
     pub async fn start(options: Options) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("pubsub-test-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = tempfile::Builder::new().prefix("pubsub-test-").tempdir().expect("temp dir");
         let ports: Vec<u16> = (0..options.nodes).map(|_| free_port()).collect();
-        let peers = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers =
+            ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
         let nodes = ports
             .iter()
             .enumerate()
@@ -124,12 +110,7 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let mut cluster = Cluster {
-            nodes,
-            peers,
-            options,
-            dir,
-        };
+        let mut cluster = Cluster { nodes, peers, options, dir };
         for i in 0..cluster.nodes.len() {
             cluster.spawn(i);
         }
@@ -139,11 +120,7 @@ impl Cluster {
 
     fn spawn(&mut self, i: usize) {
         let node = &mut self.nodes[i];
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&node.log)
-            .expect("log file");
+        let log = File::options().create(true).append(true).open(&node.log).expect("log file");
         let mut cmd = Command::new(node_binary());
         cmd.arg("--id")
             .arg(node.id.to_string())
@@ -183,10 +160,7 @@ impl Cluster {
 
     /// `GET /cluster` on node `i`.
     pub async fn cluster_info(&self, i: usize) -> Option<Value> {
-        http::get_json(&format!("{}/cluster", self.url(i)))
-            .await
-            .ok()
-            .map(|(_, v)| v)
+        http::get_json(&format!("{}/cluster", self.url(i))).await.ok().map(|(_, v)| v)
     }
 
     /// Index of the leader as every running node sees it (they must agree).
@@ -218,10 +192,7 @@ impl Cluster {
     /// SIGTERM, and wait for a clean exit. Returns the exit code.
     pub fn terminate(&mut self, i: usize) -> Option<i32> {
         let mut child = self.nodes[i].child.take()?;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
         for _ in 0..500 {
             if let Ok(Some(status)) = child.try_wait() {
                 return status.code();
@@ -308,11 +279,8 @@ pub async fn read_all(url: &str, topic: &str) -> Option<Vec<(u64, String)>> {
     let mut out = Vec::new();
     let mut after = 0;
     loop {
-        let (status, body) = http::get_json(&format!(
-            "{url}/topics/{topic}/messages?after={after}&limit=1000"
-        ))
-        .await
-        .ok()?;
+        let (status, body) =
+            http::get_json(&format!("{url}/topics/{topic}/messages?after={after}&limit=1000")).await.ok()?;
         if status != 200 {
             return None;
         }

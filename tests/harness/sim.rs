@@ -56,19 +56,11 @@ impl Clock for SimClock {
 }
 
 /// One HTTP/1.1 request to `host:8080` over a fresh simulated connection.
-pub async fn request(
-    host: &str,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<(u16, Value), String> {
+pub async fn request(host: &str, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
     let exchange = async {
-        let stream = turmoil::net::TcpStream::connect((host, 8080))
-            .await
-            .map_err(|e| e.to_string())?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
+        let stream = turmoil::net::TcpStream::connect((host, 8080)).await.map_err(|e| e.to_string())?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
         tokio::spawn(conn);
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let req = hyper::Request::builder()
@@ -80,33 +72,20 @@ pub async fn request(
             .map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         Ok::<_, String>((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
     };
-    tokio::time::timeout(Duration::from_secs(3), exchange)
-        .await
-        .map_err(|_| "timeout".to_string())?
+    tokio::time::timeout(Duration::from_secs(3), exchange).await.map_err(|_| "timeout".to_string())?
 }
 
 pub type SimWs = tokio_tungstenite::WebSocketStream<turmoil::net::TcpStream>;
 
 pub async fn websocket(host: &str, path: &str) -> Result<SimWs, String> {
     let connect = async {
-        let stream = turmoil::net::TcpStream::connect((host, 8080))
-            .await
-            .map_err(|e| e.to_string())?;
+        let stream = turmoil::net::TcpStream::connect((host, 8080)).await.map_err(|e| e.to_string())?;
         let url = format!("ws://{host}:8080{path}");
-        let (ws, _) = tokio_tungstenite::client_async(url, stream)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (ws, _) = tokio_tungstenite::client_async(url, stream).await.map_err(|e| e.to_string())?;
         Ok::<_, String>(ws)
     };
-    tokio::time::timeout(Duration::from_secs(3), connect)
-        .await
-        .map_err(|_| "timeout".to_string())?
+    tokio::time::timeout(Duration::from_secs(3), connect).await.map_err(|_| "timeout".to_string())?
 }

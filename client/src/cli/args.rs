@@ -35,6 +35,17 @@ pub struct Args {
     #[arg(long, global = true, value_name = "MS")]
     pub timeout_ms: Option<u64>,
 
+    /// Attempts one request may make before giving up (first included; default 10, which
+    /// rides out a few seconds of leader election). 1 fails at the first error.
+    #[arg(
+        long,
+        global = true,
+        env = "PUBSUB_ATTEMPTS",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=1000)
+    )]
+    pub attempts: Option<u32>,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -9,9 +9,7 @@ use crate::client::Client;
 
 pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Result<(), CliError> {
     let config = BenchConfig {
-        topic: args.topic.unwrap_or_else(|| {
-            format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
-        }),
+        topic: args.topic.unwrap_or_else(|| format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])),
         publishers: args.publishers as usize,
         inflight: args.inflight as usize,
         messages: args.messages,
@@ -59,15 +57,10 @@ fn summary(r: &BenchReport) -> Vec<String> {
     if let Some(e) = &r.first_error {
         lines.push(format!("first error: {e}"));
     }
-    if let (Some(p50), Some(p99), Some(p999), Some(max)) = (
-        r.deliver_p50_ms,
-        r.deliver_p99_ms,
-        r.deliver_p999_ms,
-        r.deliver_max_ms,
-    ) {
-        lines.push(format!(
-            "deliver latency  p50 {p50:.2} ms  p99 {p99:.2} ms  p99.9 {p999:.2} ms  max {max:.2} ms"
-        ));
+    if let (Some(p50), Some(p99), Some(p999), Some(max)) =
+        (r.deliver_p50_ms, r.deliver_p99_ms, r.deliver_p999_ms, r.deliver_max_ms)
+    {
+        lines.push(format!("deliver latency  p50 {p50:.2} ms  p99 {p99:.2} ms  p99.9 {p999:.2} ms  max {max:.2} ms"));
         lines.push(format!(
             "delivered {} to {} subscribers, {} missing, {} stream errors",
             r.delivered.unwrap_or(0),

@@ -11,10 +11,7 @@ pub(super) async fn run(client: &Client, output: &Output) -> Result<(), CliError
         _ => "none (election in progress)".to_string(),
     };
     let role = info.role.as_deref().unwrap_or("?");
-    let applied = info
-        .last_applied
-        .map(|a| format!("   applied {a}"))
-        .unwrap_or_default();
+    let applied = info.last_applied.map(|a| format!("   applied {a}")).unwrap_or_default();
     let human = format!(
         "node     {} ({role})\nleader   {leader}\nterm     {}\ncommit   {}{applied}\npeers    {}",
         info.node_id,

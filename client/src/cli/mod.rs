@@ -57,9 +57,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Client(e) if e.is_unreachable() => EXIT_UNREACHABLE,
-            CliError::Client(Error::InvalidArgument(_) | Error::InvalidAddress { .. }) => {
-                EXIT_USAGE
-            }
+            CliError::Client(Error::InvalidArgument(_) | Error::InvalidAddress { .. }) => EXIT_USAGE,
             CliError::Client(_) | CliError::Io(_) | CliError::Refused(_) => EXIT_REFUSED,
             CliError::Usage(_) => EXIT_USAGE,
             CliError::OutputClosed => EXIT_OK,
@@ -79,10 +77,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let output = Output::new(args.json);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             output.error(&CliError::Io(e));
@@ -114,15 +109,13 @@ pub async fn run(args: Args, output: &Output) -> Result<(), CliError> {
 }
 
 fn build_client(args: &Args) -> Result<Client, CliError> {
-    let servers: Vec<String> = args
-        .servers
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let servers: Vec<String> = args.servers.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     let mut builder = Client::builder(servers);
     if let Some(ms) = args.timeout_ms {
         builder = builder.request_timeout(Duration::from_millis(ms.max(1)));
+    }
+    if let Some(attempts) = args.attempts {
+        builder = builder.attempts_max(attempts);
     }
     Ok(builder.build()?)
 }

@@ -38,8 +38,8 @@ impl Output {
 
     /// Writes a value as one compact JSON line.
     pub fn json_line(&self, value: &impl Serialize) -> Result<(), CliError> {
-        let text = serde_json::to_string(value)
-            .map_err(|e| CliError::Usage(format!("output does not serialize: {e}")))?;
+        let text =
+            serde_json::to_string(value).map_err(|e| CliError::Usage(format!("output does not serialize: {e}")))?;
         self.line(&text)
     }
 

@@ -9,11 +9,7 @@ use crate::client::Client;
 use crate::limits::BATCH_MESSAGES_MAX;
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
-pub(super) async fn run(
-    client: &Client,
-    output: &Output,
-    args: PublishArgs,
-) -> Result<(), CliError> {
+pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> Result<(), CliError> {
     if let Some(path) = &args.batch {
         return batch(client, output, &args.topic, path).await;
     }
@@ -21,9 +17,7 @@ pub(super) async fn run(
     match args.payload.as_deref() {
         Some("-") => {
             if args.id.is_some() {
-                return Err(CliError::Usage(
-                    "--id names one message; it cannot be used with `-`".into(),
-                ));
+                return Err(CliError::Usage("--id names one message; it cannot be used with `-`".into()));
             }
             let stdin = std::io::stdin();
             // One publish per line as lines arrive, so `producer | pubsub publish t -`
@@ -44,9 +38,7 @@ pub(super) async fn run(
             let published = client.publish_message(&args.topic, message, ack).await?;
             print_ack(output, &published)
         }
-        None => Err(CliError::Usage(
-            "give a payload, `-` or --batch FILE".into(),
-        )),
+        None => Err(CliError::Usage("give a payload, `-` or --batch FILE".into())),
     }
 }
 
@@ -57,10 +49,7 @@ pub(super) fn message_from_line(line: &str) -> Option<NewMessage> {
 }
 
 /// Reads up to `max` messages (blank lines skipped); an empty result means end of input.
-pub(super) fn read_batch(
-    reader: &mut impl BufRead,
-    max: usize,
-) -> std::io::Result<Vec<NewMessage>> {
+pub(super) fn read_batch(reader: &mut impl BufRead, max: usize) -> std::io::Result<Vec<NewMessage>> {
     let mut messages = Vec::new();
     let mut line = String::new();
     while messages.len() < max {
@@ -79,8 +68,8 @@ async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Re
     let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
-        let file = std::fs::File::open(path)
-            .map_err(|e| CliError::Usage(format!("cannot open {}: {e}", path.display())))?;
+        let file =
+            std::fs::File::open(path).map_err(|e| CliError::Usage(format!("cannot open {}: {e}", path.display())))?;
         Box::new(std::io::BufReader::new(file))
     };
     let (mut published, mut duplicates, mut failed) = (0usize, 0usize, 0usize);
@@ -106,22 +95,18 @@ async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Re
         "{published} published, {duplicates} duplicates, {failed} failed, in {number} batches to {topic}"
     ));
     if failed > 0 {
-        return Err(CliError::Refused(format!(
-            "{failed} messages were refused (see the batch results)"
-        )));
+        return Err(CliError::Refused(format!("{failed} messages were refused (see the batch results)")));
     }
     Ok(())
 }
 
 /// (published, duplicates, failed) of one batch.
 fn count(ack: &BatchAck) -> (usize, usize, usize) {
-    ack.results
-        .iter()
-        .fold((0, 0, 0), |(p, d, f), item| match item {
-            BatchItem::Published { .. } => (p + 1, d, f),
-            BatchItem::Duplicate { .. } => (p, d + 1, f),
-            BatchItem::Failed { .. } => (p, d, f + 1),
-        })
+    ack.results.iter().fold((0, 0, 0), |(p, d, f), item| match item {
+        BatchItem::Published { .. } => (p + 1, d, f),
+        BatchItem::Duplicate { .. } => (p, d + 1, f),
+        BatchItem::Failed { .. } => (p, d, f + 1),
+    })
 }
 
 fn batch_summary(number: usize, ack: &BatchAck) -> String {
@@ -142,20 +127,11 @@ fn batch_summary(number: usize, ack: &BatchAck) -> String {
 }
 
 fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
-    let sequence = ack
-        .sequence
-        .map(|s| format!("#{s}"))
-        .unwrap_or_else(|| "(sequence not yet assigned)".to_string());
+    let sequence = ack.sequence.map(|s| format!("#{s}")).unwrap_or_else(|| "(sequence not yet assigned)".to_string());
     let human = if ack.duplicate {
-        format!(
-            "published to {} as {sequence} (id {}; a retry found the first attempt)",
-            ack.topic, ack.id
-        )
+        format!("published to {} as {sequence} (id {}; a retry found the first attempt)", ack.topic, ack.id)
     } else if !ack.committed {
-        format!(
-            "accepted by the leader for {} as {sequence} (id {}; not yet committed)",
-            ack.topic, ack.id
-        )
+        format!("accepted by the leader for {} as {sequence} (id {}; not yet committed)", ack.topic, ack.id)
     } else {
         format!("published to {} as {sequence} (id {})", ack.topic, ack.id)
     };

@@ -23,38 +23,14 @@ enum Show {
     Payload,
 }
 
-pub(super) async fn subscribe(
-    client: &Client,
-    output: &Output,
-    args: SubscribeArgs,
-) -> Result<(), CliError> {
-    let options =
-        SubscribeOptions::new(args.subscriber_id.unwrap_or_else(generated_id)).cursor(args.cursor);
-    follow(
-        client,
-        output,
-        &args.topic,
-        options,
-        Show::Full,
-        args.ack,
-        args.count,
-    )
-    .await
+pub(super) async fn subscribe(client: &Client, output: &Output, args: SubscribeArgs) -> Result<(), CliError> {
+    let options = SubscribeOptions::new(args.subscriber_id.unwrap_or_else(generated_id)).cursor(args.cursor);
+    follow(client, output, &args.topic, options, Show::Full, args.ack, args.count).await
 }
 
 pub(super) async fn tail(client: &Client, output: &Output, args: TailArgs) -> Result<(), CliError> {
-    let options = SubscribeOptions::new(args.subscriber_id.unwrap_or_else(generated_id))
-        .cursor(Cursor::Latest);
-    follow(
-        client,
-        output,
-        &args.topic,
-        options,
-        Show::Payload,
-        false,
-        args.count,
-    )
-    .await
+    let options = SubscribeOptions::new(args.subscriber_id.unwrap_or_else(generated_id)).cursor(Cursor::Latest);
+    follow(client, output, &args.topic, options, Show::Payload, false, args.count).await
 }
 
 pub(super) async fn read(client: &Client, output: &Output, args: ReadArgs) -> Result<(), CliError> {
@@ -99,10 +75,7 @@ async fn follow(
         (None, Cursor::Latest) => "latest".to_string(),
         (None, Cursor::Acked) => "the last ack".to_string(),
     };
-    output.note(&format!(
-        "subscribed to {topic} as {} from {start} (Ctrl-C to stop)",
-        sub.subscriber_id()
-    ));
+    output.note(&format!("subscribed to {topic} as {} from {start} (Ctrl-C to stop)", sub.subscriber_id()));
     let result = print_events(output, &mut sub, show, ack, count).await;
     // Closing sends the last ack before the socket goes.
     sub.close().await;
@@ -141,10 +114,7 @@ async fn print_events(
                     return Ok(());
                 }
             }
-            Some(Ok(Event::Expired {
-                requested_cursor,
-                first_available_sequence,
-            })) => {
+            Some(Ok(Event::Expired { requested_cursor, first_available_sequence })) => {
                 output.note(&format!(
                     "messages after #{requested_cursor} and before #{first_available_sequence} expired (retention); continuing at #{first_available_sequence}"
                 ));
@@ -154,10 +124,7 @@ async fn print_events(
                         "first_available_sequence": first_available_sequence}))?;
                 }
             }
-            Some(Ok(Event::LeaderChange {
-                new_leader,
-                new_leader_id,
-            })) => {
+            Some(Ok(Event::LeaderChange { new_leader, new_leader_id })) => {
                 output.note(&format!(
                     "leader is now {} at {}",
                     new_leader_id.as_deref().unwrap_or("?"),
@@ -178,10 +145,7 @@ async fn print_events(
             // The stream goes on after these; say so and keep printing.
             Some(Err(error @ (Error::SequenceGap { .. } | Error::Protocol { .. }))) => {
                 if output.json {
-                    eprintln!(
-                        "{}",
-                        json!({"type": "warning", "error": "stream", "message": error.to_string()})
-                    );
+                    eprintln!("{}", json!({"type": "warning", "error": "stream", "message": error.to_string()}));
                 } else {
                     eprintln!("warning: {error}");
                 }
@@ -199,11 +163,5 @@ fn message_json(message: &Message) -> serde_json::Value {
 
 /// `#SEQ  TIME  ID  PAYLOAD`
 pub(super) fn format_message(message: &Message) -> String {
-    format!(
-        "#{}  {}  {}  {}",
-        message.sequence,
-        format_time_ms(message.timestamp),
-        message.id,
-        message.payload
-    )
+    format!("#{}  {}  {}  {}", message.sequence, format_time_ms(message.timestamp), message.id, message.payload)
 }

@@ -31,14 +31,19 @@ fn server_defaults_to_localhost_and_repeats() {
 }
 
 #[test]
+fn attempts_flag_sets_the_retry_budget_and_refuses_zero() {
+    let args = parsed(&["--attempts", "3", "topics", "list"]);
+    assert_eq!(args.attempts, Some(3));
+    match build_client(&args) {
+        Ok(client) => assert_eq!(client.config().retry.attempts_max, 3),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(parse(&["--attempts", "0", "topics", "list"]).is_err());
+}
+
+#[test]
 fn topics_subcommands_parse_with_metadata_checked_as_a_json_object() {
-    let args = parsed(&[
-        "topics",
-        "create",
-        "orders",
-        "--metadata",
-        r#"{"retention_hours":24}"#,
-    ]);
+    let args = parsed(&["topics", "create", "orders", "--metadata", r#"{"retention_hours":24}"#]);
     match args.command {
         Command::Topics(TopicsCommand::Create { name, metadata }) => {
             assert_eq!(name, "orders");
@@ -48,37 +53,17 @@ fn topics_subcommands_parse_with_metadata_checked_as_a_json_object() {
     }
     assert!(parse(&["topics", "create", "x", "--metadata", "[1]"]).is_err());
     assert!(parse(&["topics", "create", "x", "--metadata", "{oops"]).is_err());
-    assert!(matches!(
-        parsed(&["topics", "list"]).command,
-        Command::Topics(TopicsCommand::List)
-    ));
-    assert!(matches!(
-        parsed(&["topics", "delete", "x"]).command,
-        Command::Topics(TopicsCommand::Delete { .. })
-    ));
+    assert!(matches!(parsed(&["topics", "list"]).command, Command::Topics(TopicsCommand::List)));
+    assert!(matches!(parsed(&["topics", "delete", "x"]).command, Command::Topics(TopicsCommand::Delete { .. })));
 }
 
 #[test]
 fn publish_needs_a_payload_or_a_batch_file_but_not_both() {
     let usage = |argv: &[&str]| parse(argv).map_err(|e| e.exit_code());
     assert!(matches!(usage(&["publish", "t"]), Err(2)));
-    assert!(matches!(
-        usage(&["publish", "t", "1", "--batch", "f"]),
-        Err(2)
-    ));
-    assert!(matches!(
-        usage(&["publish", "t", "--batch", "f", "--id", "x"]),
-        Err(2)
-    ));
-    let args = parsed(&[
-        "publish",
-        "t",
-        r#"{"a":1}"#,
-        "--id",
-        "m1",
-        "--ack",
-        "appended",
-    ]);
+    assert!(matches!(usage(&["publish", "t", "1", "--batch", "f"]), Err(2)));
+    assert!(matches!(usage(&["publish", "t", "--batch", "f", "--id", "x"]), Err(2)));
+    let args = parsed(&["publish", "t", r#"{"a":1}"#, "--id", "m1", "--ack", "appended"]);
     match args.command {
         Command::Publish(p) => {
             assert_eq!(p.payload.as_deref(), Some(r#"{"a":1}"#));
@@ -132,10 +117,7 @@ fn bench_flags_parse_and_batch_is_bounded_by_the_endpoint_limit() {
     ]);
     match args.command {
         Command::Bench(b) => {
-            assert_eq!(
-                (b.publishers, b.inflight, b.batch, b.subscribers),
-                (8, 32, 100, 2)
-            );
+            assert_eq!((b.publishers, b.inflight, b.batch, b.subscribers), (8, 32, 100, 2));
             assert_eq!(b.messages, 100_000);
             assert_eq!(b.payload_bytes, 1024);
             assert_eq!(b.duration_secs, Some(30));
@@ -160,39 +142,22 @@ fn batch_input_is_read_in_chunks_skipping_blank_lines() {
     let mut reader = std::io::Cursor::new(input);
     let first = publish::read_batch(&mut reader, 3).unwrap_or_default();
     let payloads: Vec<_> = first.iter().map(|m| m.payload.clone()).collect();
-    assert_eq!(
-        payloads,
-        vec![json!(1), json!({"a": 2}), json!("plain text")]
-    );
+    assert_eq!(payloads, vec![json!(1), json!({"a": 2}), json!("plain text")]);
     let second = publish::read_batch(&mut reader, 3).unwrap_or_default();
     assert_eq!(second.len(), 2);
-    assert!(publish::read_batch(&mut reader, 3)
-        .unwrap_or_default()
-        .is_empty());
+    assert!(publish::read_batch(&mut reader, 3).unwrap_or_default().is_empty());
 }
 
 #[test]
 fn exit_codes_tell_refusal_usage_and_unreachable_apart() {
-    let api = CliError::Client(Error::Api(ApiError::from_body(
-        404,
-        br#"{"error":"topic_not_found","message":"no"}"#,
-    )));
+    let api = CliError::Client(Error::Api(ApiError::from_body(404, br#"{"error":"topic_not_found","message":"no"}"#)));
     assert_eq!(api.exit_code(), EXIT_REFUSED);
-    let unreachable = CliError::Client(Error::Unreachable {
-        attempts: 3,
-        source: "connection refused".into(),
-    });
+    let unreachable = CliError::Client(Error::Unreachable { attempts: 3, source: "connection refused".into() });
     assert_eq!(unreachable.exit_code(), EXIT_UNREACHABLE);
-    let no_leader = CliError::Client(Error::NoLeader {
-        attempts: 3,
-        elapsed: Duration::from_secs(1),
-    });
+    let no_leader = CliError::Client(Error::NoLeader { attempts: 3, elapsed: Duration::from_secs(1) });
     assert_eq!(no_leader.exit_code(), EXIT_UNREACHABLE);
     assert_eq!(CliError::Usage("x".into()).exit_code(), EXIT_USAGE);
-    let bad_address = CliError::Client(Error::InvalidAddress {
-        address: "https://x".into(),
-        reason: "tls".into(),
-    });
+    let bad_address = CliError::Client(Error::InvalidAddress { address: "https://x".into(), reason: "tls".into() });
     assert_eq!(bad_address.exit_code(), EXIT_USAGE);
     assert_eq!(CliError::OutputClosed.exit_code(), EXIT_OK);
 }
@@ -203,17 +168,11 @@ fn errors_print_their_code_and_message() {
         409,
         br#"{"error":"duplicate_message_id","message":"already there","existing_sequence":3}"#,
     )));
-    assert_eq!(
-        output::error_text(&api),
-        "duplicate_message_id (409): already there"
-    );
+    assert_eq!(output::error_text(&api), "duplicate_message_id (409): already there");
     let j = output::error_json(&api);
     assert_eq!(j["error"], "duplicate_message_id");
     assert_eq!(j["status"], 409);
-    let unreachable = CliError::Client(Error::Unreachable {
-        attempts: 2,
-        source: "connection refused".into(),
-    });
+    let unreachable = CliError::Client(Error::Unreachable { attempts: 2, source: "connection refused".into() });
     assert!(output::error_text(&unreachable).contains("connection refused"));
     assert_eq!(output::error_json(&unreachable)["error"], "unreachable");
 }
@@ -221,24 +180,16 @@ fn errors_print_their_code_and_message() {
 #[test]
 fn times_are_printed_as_utc() {
     assert_eq!(output::format_time_ms(0), "1970-01-01T00:00:00.000Z");
-    assert_eq!(
-        output::format_time_ms(1_714_000_000_123),
-        "2024-04-24T23:06:40.123Z"
-    );
-    assert_eq!(
-        output::format_time_ms(951_782_400_000),
-        "2000-02-29T00:00:00.000Z"
-    );
+    assert_eq!(output::format_time_ms(1_714_000_000_123), "2024-04-24T23:06:40.123Z");
+    assert_eq!(output::format_time_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
 }
 
 #[tokio::test]
 async fn an_unreachable_server_exits_with_code_3() {
     let dead = crate::test_support::dead_address().await;
-    let args = parsed(&["--server", &dead, "--timeout-ms", "300", "topics", "list"]);
-    // Keep the test quick: the retry budget is the default, but refused connections fail
-    // fast; the backoff is what takes time, so bound the whole run.
-    let outcome =
-        tokio::time::timeout(Duration::from_secs(30), run(args, &Output::new(true))).await;
+    let args = parsed(&["--server", &dead, "--timeout-ms", "300", "--attempts", "2", "topics", "list"]);
+    // Refused connections fail fast and two attempts wait one short backoff.
+    let outcome = tokio::time::timeout(Duration::from_secs(10), run(args, &Output::new(true))).await;
     match outcome {
         Ok(Err(e)) => assert_eq!(e.exit_code(), EXIT_UNREACHABLE, "{e}"),
         other => panic!("{other:?}"),

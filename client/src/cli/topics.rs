@@ -5,19 +5,12 @@ use super::output::format_time_ms;
 use super::{CliError, Output};
 use crate::client::Client;
 
-pub(super) async fn run(
-    client: &Client,
-    output: &Output,
-    command: TopicsCommand,
-) -> Result<(), CliError> {
+pub(super) async fn run(client: &Client, output: &Output, command: TopicsCommand) -> Result<(), CliError> {
     match command {
         TopicsCommand::Create { name, metadata } => {
             let ack = client.create_topic(&name, metadata).await?;
             let human = if ack.created {
-                format!(
-                    "created topic {} (raft index {})",
-                    ack.topic, ack.raft_index
-                )
+                format!("created topic {} (raft index {})", ack.topic, ack.raft_index)
             } else {
                 format!("topic {} already exists", ack.topic)
             };
@@ -35,12 +28,7 @@ pub(super) async fn run(
                 output.note("no topics");
                 return Ok(());
             }
-            let width = topics
-                .iter()
-                .map(|t| t.name.len())
-                .max()
-                .unwrap_or(4)
-                .max(4);
+            let width = topics.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
             output.line(&format!("{:<width$}  {:>10}  CREATED", "NAME", "MESSAGES"))?;
             for t in &topics {
                 output.line(&format!(
@@ -80,21 +68,10 @@ pub(super) async fn run(
                 output.note("no subscribers");
                 return Ok(());
             }
-            let width = subscribers
-                .iter()
-                .map(|s| s.subscriber_id.len())
-                .max()
-                .unwrap_or(10)
-                .max(10);
-            output.line(&format!(
-                "{:<width$}  {:>12}  {:>10}",
-                "SUBSCRIBER", "ACKED", "LAG"
-            ))?;
+            let width = subscribers.iter().map(|s| s.subscriber_id.len()).max().unwrap_or(10).max(10);
+            output.line(&format!("{:<width$}  {:>12}  {:>10}", "SUBSCRIBER", "ACKED", "LAG"))?;
             for s in &subscribers {
-                output.line(&format!(
-                    "{:<width$}  {:>12}  {:>10}",
-                    s.subscriber_id, s.acked_sequence, s.lag
-                ))?;
+                output.line(&format!("{:<width$}  {:>12}  {:>10}", s.subscriber_id, s.acked_sequence, s.lag))?;
             }
             Ok(())
         }

@@ -60,8 +60,8 @@ impl Call {
     }
 
     pub(super) fn json_body(mut self, body: &impl serde::Serialize) -> Result<Call, Error> {
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| Error::InvalidArgument(format!("body does not serialize: {e}")))?;
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| Error::InvalidArgument(format!("body does not serialize: {e}")))?;
         self.body = Some(Bytes::from(bytes));
         Ok(self)
     }
@@ -76,8 +76,6 @@ pub(super) struct Reply {
     pub(super) body: Bytes,
     /// Where it came from, for error reports.
     pub(super) url: Url,
-    /// Attempts made, the first included.
-    pub(super) attempts: u32,
     /// An earlier attempt may have taken effect on the server.
     pub(super) maybe_applied: bool,
 }
@@ -95,10 +93,8 @@ impl Reply {
         if !self.is_success() {
             return Err(Error::Api(self.api_error()));
         }
-        serde_json::from_slice(&self.body).map_err(|e| Error::Protocol {
-            url: self.url.to_string(),
-            reason: format!("status {}: {e}", self.status),
-        })
+        serde_json::from_slice(&self.body)
+            .map_err(|e| Error::Protocol { url: self.url.to_string(), reason: format!("status {}: {e}", self.status) })
     }
 }
 
@@ -163,15 +159,9 @@ impl Client {
                     None => self.leader().unwrap_or_else(|| self.next_node()),
                 };
                 let url = http_url(&target, &segments(call), &call.query);
-                let mut request = self
-                    .inner
-                    .http
-                    .request(call.method.clone(), url.clone())
-                    .timeout(timeout);
+                let mut request = self.inner.http.request(call.method.clone(), url.clone()).timeout(timeout);
                 if let Some(body) = &call.body {
-                    request = request
-                        .header(reqwest::header::CONTENT_TYPE, "application/json")
-                        .body(body.clone());
+                    request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
                 }
                 let response = match request.send().await {
                     Ok(r) => r,
@@ -183,11 +173,8 @@ impl Client {
                     }
                 };
                 let status = response.status().as_u16();
-                let location = response
-                    .headers()
-                    .get(reqwest::header::LOCATION)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
+                let location =
+                    response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
                 let body = match response.bytes().await {
                     Ok(b) => b,
                     Err(e) => {
@@ -198,21 +185,12 @@ impl Client {
                 };
                 let error = (status >= 300).then(|| ApiError::from_body(status, &body));
                 match classify(status, error.as_ref(), location.as_deref()) {
-                    Verdict::Done => {
-                        return Ok(Reply {
-                            status,
-                            body,
-                            url,
-                            attempts,
-                            maybe_applied,
-                        })
-                    }
+                    Verdict::Done => return Ok(Reply { status, body, url, maybe_applied }),
                     Verdict::Redirect(Some(leader)) => {
                         redirect_hops += 1;
                         // Follow at once unless the cluster bounces us around or points back at
                         // the node that just refused.
-                        sleep_before_next =
-                            redirect_hops > limits::REDIRECT_HOPS_MAX || (leader == target);
+                        sleep_before_next = redirect_hops > limits::REDIRECT_HOPS_MAX || (leader == target);
                         self.set_leader(leader.clone());
                         redirect_to = Some(leader);
                         match error {
@@ -224,10 +202,7 @@ impl Client {
                         self.forget_leader(&target);
                         Failure::NoLeader
                     }
-                    Verdict::Retry {
-                        maybe_applied: applied,
-                        forget_leader,
-                    } => {
+                    Verdict::Retry { maybe_applied: applied, forget_leader } => {
                         maybe_applied |= applied;
                         if forget_leader {
                             self.forget_leader(&target);
@@ -259,10 +234,7 @@ fn segments(call: &Call) -> Vec<&str> {
 }
 
 fn transport_failure(error: reqwest::Error) -> Failure {
-    Failure::Transport {
-        timeout: error.is_timeout(),
-        error: Box::new(error),
-    }
+    Failure::Transport { timeout: error.is_timeout(), error: Box::new(error) }
 }
 
 /// The error to report when the budget ran out, named after the last failure.
@@ -270,10 +242,7 @@ fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
     match failure {
         Failure::NoLeader => Error::NoLeader { attempts, elapsed },
         Failure::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },
-        Failure::Transport { error, .. } => Error::Unreachable {
-            attempts,
-            source: error,
-        },
+        Failure::Transport { error, .. } => Error::Unreachable { attempts, source: error },
         Failure::Api(api) => Error::Api(api),
     }
 }

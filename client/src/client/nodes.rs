@@ -13,10 +13,7 @@ impl Client {
     pub(super) fn lock_nodes(&self) -> MutexGuard<'_, Nodes> {
         // A panic while holding this lock cannot leave `Nodes` half-updated in a way that
         // matters (every field is a hint), so a poisoned lock is used as is.
-        self.inner
-            .nodes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The next node in round-robin order.
@@ -63,11 +60,7 @@ impl Client {
                 }
             }
         }
-        if let Some(leader) = info
-            .leader_address
-            .as_deref()
-            .and_then(|a| endpoint::parse_base(a).ok())
-        {
+        if let Some(leader) = info.leader_address.as_deref().and_then(|a| endpoint::parse_base(a).ok()) {
             if !nodes.known.contains(&leader) {
                 nodes.known.push(leader.clone());
             }

@@ -30,22 +30,17 @@ fn bodies(seen: &Seen) -> Vec<Value> {
 }
 
 /// A single node that leads and answers publishes with `answer(attempt, body)`.
-async fn leader_node(
-    seen: Seen,
-    answer: impl Fn(usize, &Value) -> Response + Clone + Send + Sync + 'static,
-) -> String {
+async fn leader_node(seen: Seen, answer: impl Fn(usize, &Value) -> Response + Clone + Send + Sync + 'static) -> String {
     serve_with(move |me| {
         let cluster = cluster_body("node-1", Some(&me), &[&me]);
-        Router::new()
-            .route("/cluster", get(move || async move { Json(cluster) }))
-            .route(
-                "/topics/{name}/messages",
-                post(move |body: Bytes| async move {
-                    let n = record(&seen, &body);
-                    let last = bodies(&seen).pop().unwrap_or(Value::Null);
-                    answer(n, &last)
-                }),
-            )
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/topics/{name}/messages",
+            post(move |body: Bytes| async move {
+                let n = record(&seen, &body);
+                let last = bodies(&seen).pop().unwrap_or(Value::Null);
+                answer(n, &last)
+            }),
+        )
     })
     .await
 }
@@ -70,53 +65,31 @@ async fn follows_307_to_the_leader_and_caches_it() {
         serve_with(move |me| {
             // A stale view: this follower still believes it leads.
             let cluster = cluster_body("node-2", Some(&me), &[&me]);
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}/messages",
-                    post(move |body: Bytes| async move {
-                        record(&hits, &body);
-                        let mut r = error_response(
-                            307,
-                            "not_leader",
-                            json!({"leader_id": "node-1", "leader_address": leader}),
-                        );
-                        if let Ok(v) = format!("http://{leader}/topics/t/messages").parse() {
-                            r.headers_mut().insert("location", v);
-                        }
-                        r
-                    }),
-                )
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages",
+                post(move |body: Bytes| async move {
+                    record(&hits, &body);
+                    let mut r =
+                        error_response(307, "not_leader", json!({"leader_id": "node-1", "leader_address": leader}));
+                    if let Ok(v) = format!("http://{leader}/topics/t/messages").parse() {
+                        r.headers_mut().insert("location", v);
+                    }
+                    r
+                }),
+            )
         })
         .await
     };
     let client = fast_client(&[&follower]);
     let first = client.publish("t", json!(1)).await;
-    assert!(
-        matches!(
-            first,
-            Ok(PublishAck {
-                sequence: Some(1),
-                duplicate: false,
-                ..
-            })
-        ),
-        "{first:?}"
-    );
+    assert!(matches!(first, Ok(PublishAck { sequence: Some(1), duplicate: false, .. })), "{first:?}");
     assert_eq!(client.cached_leader(), Some(format!("http://{leader}/")));
     let second = client.publish("t", json!(2)).await;
     assert!(second.is_ok(), "{second:?}");
-    assert_eq!(
-        bodies(&follower_hits).len(),
-        1,
-        "second publish went to the cached leader"
-    );
+    assert_eq!(bodies(&follower_hits).len(), 1, "second publish went to the cached leader");
     assert_eq!(bodies(&leader_hits).len(), 2);
     // The redirected attempt carried the same id as the refused one.
-    assert_eq!(
-        bodies(&follower_hits)[0]["id"],
-        bodies(&leader_hits)[0]["id"]
-    );
+    assert_eq!(bodies(&follower_hits)[0]["id"], bodies(&leader_hits)[0]["id"]);
 }
 
 #[tokio::test]
@@ -126,34 +99,19 @@ async fn redirect_with_only_a_location_header_is_followed() {
         let leader = leader.clone();
         serve_with(move |me| {
             let cluster = cluster_body("node-2", Some(&me), &[]);
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}/messages",
-                    post(move || async move {
-                        let location = format!("http://{leader}/topics/t/messages");
-                        (
-                            axum::http::StatusCode::TEMPORARY_REDIRECT,
-                            [("location", location)],
-                        )
-                            .into_response()
-                    }),
-                )
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages",
+                post(move || async move {
+                    let location = format!("http://{leader}/topics/t/messages");
+                    (axum::http::StatusCode::TEMPORARY_REDIRECT, [("location", location)]).into_response()
+                }),
+            )
         })
         .await
     };
     let client = fast_client(&[&follower]);
     let ack = client.publish("t", json!("x")).await;
-    assert!(
-        matches!(
-            ack,
-            Ok(PublishAck {
-                sequence: Some(3),
-                ..
-            })
-        ),
-        "{ack:?}"
-    );
+    assert!(matches!(ack, Ok(PublishAck { sequence: Some(3), .. })), "{ack:?}");
 }
 
 #[tokio::test]
@@ -177,10 +135,7 @@ async fn retry_after_503_keeps_the_same_message_id() {
     assert_eq!(ids.len(), 3);
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
     assert_eq!(ids[0], json!(ack.id));
-    assert!(
-        uuid::Uuid::parse_str(&ack.id).is_ok(),
-        "generated id is a UUID"
-    );
+    assert!(uuid::Uuid::parse_str(&ack.id).is_ok(), "generated id is a UUID");
 }
 
 #[tokio::test]
@@ -190,11 +145,7 @@ async fn duplicate_on_a_retry_is_success_with_the_existing_sequence() {
         if n == 1 {
             error_response(504, "raft_timeout", json!({}))
         } else {
-            error_response(
-                409,
-                "duplicate_message_id",
-                json!({"id": body["id"], "existing_sequence": 7}),
-            )
+            error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": 7}))
         }
     })
     .await;
@@ -209,11 +160,83 @@ async fn duplicate_on_a_retry_is_success_with_the_existing_sequence() {
 }
 
 #[tokio::test]
-async fn duplicate_on_the_first_attempt_is_an_error() {
-    let node = leader_node(seen(), |_, _| {
-        error_response(409, "duplicate_message_id", json!({"existing_sequence": 4}))
+async fn duplicate_still_in_flight_is_retried_until_it_has_a_sequence() {
+    let hits = seen();
+    let node = leader_node(hits.clone(), |n, body| match n {
+        1 => error_response(504, "raft_timeout", json!({})),
+        2 | 3 => error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": null})),
+        _ => error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": 12})),
     })
     .await;
+    let client = fast_client(&[&node]);
+    let msg = NewMessage::new(json!(1)).with_id("slow-1");
+    let ack = client.publish_message("t", msg, AckMode::Committed).await;
+    assert!(matches!(&ack, Ok(PublishAck { sequence: Some(12), duplicate: true, committed: true, .. })), "{ack:?}");
+    let ids: Vec<Value> = bodies(&hits).iter().map(|b| b["id"].clone()).collect();
+    assert_eq!(ids, vec![json!("slow-1"); 4], "same id on every attempt");
+}
+
+#[tokio::test]
+async fn in_flight_first_publish_that_fails_lets_the_retry_publish() {
+    // The first try's entry was lost with its leader: the retry is stored as new.
+    let node = leader_node(seen(), |n, body| match n {
+        1 => error_response(500, "not_committed", json!({})),
+        2 => error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": null})),
+        _ => published(body, 5),
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let ack = client.publish("t", json!(1)).await;
+    assert!(matches!(&ack, Ok(PublishAck { sequence: Some(5), duplicate: false, .. })), "{ack:?}");
+}
+
+#[tokio::test]
+async fn duplicate_in_flight_for_the_whole_budget_is_an_error_not_a_success() {
+    let hits = seen();
+    let node = leader_node(hits.clone(), |_, body| {
+        error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": null}))
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let result = client.publish("t", json!(1)).await;
+    match result {
+        Err(Error::Api(api)) => {
+            assert_eq!(api.code, ErrorCode::DuplicateMessageId);
+            assert_eq!(api.existing_sequence(), None);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(bodies(&hits).len(), 6, "the whole budget of fast_client");
+}
+
+#[tokio::test]
+async fn duplicate_after_a_redirect_only_is_an_error() {
+    // A 307 is never applied, so the 409 after it is about someone else's message.
+    let leader =
+        leader_node(seen(), |_, _| error_response(409, "duplicate_message_id", json!({"existing_sequence": 2}))).await;
+    let follower = {
+        let leader = leader.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-2", Some(&me), &[&me]);
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages",
+                post(move || async move {
+                    error_response(307, "not_leader", json!({"leader_id": "node-1", "leader_address": leader}))
+                }),
+            )
+        })
+        .await
+    };
+    let client = fast_client(&[&follower]);
+    let msg = NewMessage::new(json!(1)).with_id("reused");
+    let result = client.publish_message("t", msg, AckMode::Committed).await;
+    assert!(matches!(&result, Err(Error::Api(api)) if api.existing_sequence() == Some(2)), "{result:?}");
+}
+
+#[tokio::test]
+async fn duplicate_on_the_first_attempt_is_an_error() {
+    let node =
+        leader_node(seen(), |_, _| error_response(409, "duplicate_message_id", json!({"existing_sequence": 4}))).await;
     let client = fast_client(&[&node]);
     let msg = NewMessage::new(json!(1)).with_id("reused");
     let err = client.publish_message("t", msg, AckMode::Committed).await;
@@ -233,42 +256,25 @@ async fn appended_ack_mode_is_sent_as_a_query_parameter() {
         let queries = queries.clone();
         serve_with(move |me| {
             let cluster = cluster_body("node-1", Some(&me), &[]);
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}/messages",
-                    post(
-                        move |Query(q): Query<std::collections::HashMap<String, String>>,
-                              body: Bytes| async move {
-                            let q = serde_json::to_vec(&q).unwrap_or_default();
-                            record(&queries, &q);
-                            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                            (
-                                axum::http::StatusCode::ACCEPTED,
-                                Json(json!({"id": body["id"], "topic": "t", "sequence": null,
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages",
+                post(move |Query(q): Query<std::collections::HashMap<String, String>>, body: Bytes| async move {
+                    let q = serde_json::to_vec(&q).unwrap_or_default();
+                    record(&queries, &q);
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    (
+                        axum::http::StatusCode::ACCEPTED,
+                        Json(json!({"id": body["id"], "topic": "t", "sequence": null,
                                             "raft_index": 3, "committed": false})),
-                            )
-                        },
-                    ),
-                )
+                    )
+                }),
+            )
         })
         .await
     };
     let client = fast_client(&[&node]);
-    let ack = client
-        .publish_message("t", NewMessage::new(json!(1)), AckMode::Appended)
-        .await;
-    assert!(
-        matches!(
-            ack,
-            Ok(PublishAck {
-                sequence: None,
-                committed: false,
-                ..
-            })
-        ),
-        "{ack:?}"
-    );
+    let ack = client.publish_message("t", NewMessage::new(json!(1)), AckMode::Appended).await;
+    assert!(matches!(ack, Ok(PublishAck { sequence: None, committed: false, .. })), "{ack:?}");
     assert_eq!(bodies(&queries), vec![json!({"ack": "appended"})]);
 }
 
@@ -277,15 +283,9 @@ async fn a_cluster_that_refuses_connections_is_unreachable() {
     let dead = dead_address().await;
     let client = fast_client(&[&dead]);
     let publish = client.publish("t", json!(1)).await;
-    assert!(
-        matches!(publish, Err(Error::Unreachable { attempts: 6, .. })),
-        "{publish:?}"
-    );
+    assert!(matches!(publish, Err(Error::Unreachable { attempts: 6, .. })), "{publish:?}");
     let cluster = client.cluster().await;
-    assert!(
-        matches!(&cluster, Err(e) if e.is_unreachable()),
-        "{cluster:?}"
-    );
+    assert!(matches!(&cluster, Err(e) if e.is_unreachable()), "{cluster:?}");
 }
 
 #[tokio::test]
@@ -297,10 +297,7 @@ async fn no_leader_for_the_whole_budget_is_a_no_leader_error() {
     .await;
     let client = fast_client(&[&node]);
     let publish = client.publish("t", json!(1)).await;
-    assert!(
-        matches!(publish, Err(Error::NoLeader { attempts: 6, .. })),
-        "{publish:?}"
-    );
+    assert!(matches!(publish, Err(Error::NoLeader { attempts: 6, .. })), "{publish:?}");
 }
 
 #[tokio::test]
@@ -310,18 +307,16 @@ async fn retried_delete_that_finds_the_topic_gone_reports_it_deleted() {
         let hits = hits.clone();
         serve_with(move |me| {
             let cluster = cluster_body("node-1", Some(&me), &[]);
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}",
-                    delete(move || async move {
-                        if record(&hits, b"null") == 1 {
-                            error_response(504, "raft_timeout", json!({}))
-                        } else {
-                            error_response(404, "topic_not_found", json!({}))
-                        }
-                    }),
-                )
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}",
+                delete(move || async move {
+                    if record(&hits, b"null") == 1 {
+                        error_response(504, "raft_timeout", json!({}))
+                    } else {
+                        error_response(404, "topic_not_found", json!({}))
+                    }
+                }),
+            )
         })
         .await
     };
@@ -333,10 +328,7 @@ async fn retried_delete_that_finds_the_topic_gone_reports_it_deleted() {
     );
     // Without an ambiguous attempt before it, a 404 is the truth.
     let again = client.delete_topic("gone").await;
-    assert!(
-        matches!(again, Err(Error::Api(ApiError { status: 404, .. }))),
-        "{again:?}"
-    );
+    assert!(matches!(again, Err(Error::Api(ApiError { status: 404, .. }))), "{again:?}");
 }
 
 #[tokio::test]
@@ -344,30 +336,18 @@ async fn reads_fail_over_to_the_next_node_and_learn_its_peers() {
     let dead = dead_address().await;
     let live = serve_with(|me| {
         let cluster = cluster_body("node-2", None, &[&me, "10.9.9.9:8080"]);
-        Router::new()
-            .route("/cluster", get(move || async move { Json(cluster) }))
-            .route(
-                "/topics",
-                get(|| async {
-                    Json(json!({"topics": [{"name": "a", "message_count": 2, "created_at": 5}]}))
-                }),
-            )
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/topics",
+            get(|| async { Json(json!({"topics": [{"name": "a", "message_count": 2, "created_at": 5}]})) }),
+        )
     })
     .await;
     let client = fast_client(&[&dead, &live]);
     let topics = client.list_topics().await;
-    assert!(
-        matches!(&topics, Ok(list) if list.len() == 1 && list[0].name == "a"),
-        "{topics:?}"
-    );
+    assert!(matches!(&topics, Ok(list) if list.len() == 1 && list[0].name == "a"), "{topics:?}");
     let info = client.cluster().await;
-    assert!(
-        matches!(&info, Ok(i) if i.leader_address.is_none()),
-        "{info:?}"
-    );
-    assert!(client
-        .nodes()
-        .contains(&"http://10.9.9.9:8080/".to_string()));
+    assert!(matches!(&info, Ok(i) if i.leader_address.is_none()), "{info:?}");
+    assert!(client.nodes().contains(&"http://10.9.9.9:8080/".to_string()));
 }
 
 #[tokio::test]
@@ -377,64 +357,51 @@ async fn batch_fills_missing_ids_and_keeps_them_across_retries() {
         let hits = hits.clone();
         serve_with(move |me| {
             let cluster = cluster_body("node-1", Some(&me), &[]);
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}/messages/batch",
-                    post(move |body: Bytes| async move {
-                        if record(&hits, &body) == 1 {
-                            return error_response(503, "no_leader", json!({}));
-                        }
-                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                        let results: Vec<Value> = msgs
-                            .iter()
-                            .enumerate()
-                            .map(|(i, m)| {
-                                if i == 0 {
-                                    json!({"id": m["id"], "error": "duplicate_message_id",
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages/batch",
+                post(move |body: Bytes| async move {
+                    if record(&hits, &body) == 1 {
+                        // Maybe applied: the retry's duplicates are our own first try.
+                        return error_response(504, "raft_timeout", json!({}));
+                    }
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+                    let results: Vec<Value> = msgs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| {
+                            if i == 0 {
+                                json!({"id": m["id"], "error": "duplicate_message_id",
                                            "existing_sequence": 1})
-                                } else {
-                                    json!({"id": m["id"], "sequence": i + 1})
-                                }
-                            })
-                            .collect();
-                        (
-                            axum::http::StatusCode::CREATED,
-                            Json(json!({"topic": "t", "results": results, "raft_index": 4,
+                            } else {
+                                json!({"id": m["id"], "sequence": i + 1})
+                            }
+                        })
+                        .collect();
+                    (
+                        axum::http::StatusCode::CREATED,
+                        Json(json!({"topic": "t", "results": results, "raft_index": 4,
                                         "committed": true})),
-                        )
-                            .into_response()
-                    }),
-                )
+                    )
+                        .into_response()
+                }),
+            )
         })
         .await
     };
     let client = fast_client(&[&node]);
-    let batch = vec![
-        NewMessage::new(json!(1)).with_id("mine"),
-        NewMessage::new(json!(2)),
-        NewMessage::new(json!(3)),
-    ];
+    let batch = vec![NewMessage::new(json!(1)).with_id("mine"), NewMessage::new(json!(2)), NewMessage::new(json!(3))];
     let ack = match client.publish_batch("t", batch).await {
         Ok(a) => a,
         Err(e) => panic!("{e}"),
     };
     assert!(ack.retried);
     assert_eq!(ack.results.len(), 3);
-    assert!(
-        matches!(&ack.results[0], BatchItem::Duplicate { id, existing_sequence: Some(1) } if id == "mine")
-    );
-    assert!(matches!(
-        ack.results[2],
-        BatchItem::Published { sequence: 3, .. }
-    ));
+    assert!(matches!(&ack.results[0], BatchItem::Duplicate { id, existing_sequence: Some(1) } if id == "mine"));
+    assert!(matches!(ack.results[2], BatchItem::Published { sequence: 3, .. }));
     let sent = bodies(&hits);
     assert_eq!(sent.len(), 2);
-    assert_eq!(
-        sent[0], sent[1],
-        "the retry sent the very same messages and ids"
-    );
+    assert_eq!(sent[0], sent[1], "the retry sent the very same messages and ids");
     assert!(sent[0]["messages"][1]["id"].is_string());
 }
 
@@ -444,10 +411,7 @@ async fn an_empty_or_oversized_batch_is_refused_without_a_request() {
     let empty = client.publish_batch("t", Vec::new()).await;
     assert!(matches!(empty, Err(Error::InvalidArgument(_))));
     let big = vec![NewMessage::new(json!(1)); limits::BATCH_MESSAGES_MAX + 1];
-    assert!(matches!(
-        client.publish_batch("t", big).await,
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(client.publish_batch("t", big).await, Err(Error::InvalidArgument(_))));
 }
 
 #[tokio::test]
@@ -455,50 +419,32 @@ async fn long_poll_read_sends_cursor_limit_and_wait() {
     let node = serve_with(|_| {
         Router::new().route(
             "/topics/{name}/messages",
-            get(
-                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
-                    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
-                    Json(json!({
-                        "messages": [{"id": format!("{q:?}"), "topic": "t", "sequence": after + 1,
-                                      "payload": {"limit": q.get("limit"), "wait": q.get("wait_ms")},
-                                      "timestamp": 1}],
-                        "next_cursor": after + 1, "current_sequence": after + 1
-                    }))
-                },
-            ),
+            get(|Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+                Json(json!({
+                    "messages": [{"id": format!("{q:?}"), "topic": "t", "sequence": after + 1,
+                                  "payload": {"limit": q.get("limit"), "wait": q.get("wait_ms")},
+                                  "timestamp": 1}],
+                    "next_cursor": after + 1, "current_sequence": after + 1
+                }))
+            }),
         )
     })
     .await;
     let client = fast_client(&[&node]);
-    let page = client
-        .read_messages(
-            "t",
-            ReadOptions::after(41)
-                .limit(5)
-                .wait(Duration::from_millis(250)),
-        )
-        .await;
+    let page = client.read_messages("t", ReadOptions::after(41).limit(5).wait(Duration::from_millis(250))).await;
     let page = match page {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     };
     assert_eq!(page.next_cursor, 42);
-    assert_eq!(
-        page.messages[0].payload,
-        json!({"limit": "5", "wait": "250"})
-    );
+    assert_eq!(page.messages[0].payload, json!({"limit": "5", "wait": "250"}));
 }
 
 #[test]
 fn a_client_needs_at_least_one_usable_seed() {
-    assert!(matches!(
-        Client::new(Vec::<String>::new()),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        Client::new(["https://secure:443"]),
-        Err(Error::InvalidAddress { .. })
-    ));
+    assert!(matches!(Client::new(Vec::<String>::new()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Client::new(["https://secure:443"]), Err(Error::InvalidAddress { .. })));
     let dup = Client::new(["h:1", "http://h:1/"]).map(|c| c.nodes().len());
     assert!(matches!(dup, Ok(1)));
 }

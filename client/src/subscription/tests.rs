@@ -77,15 +77,7 @@ fn an_unannounced_jump_is_reported_then_delivered() {
     let mut t = Tracker::new("orders", Cursor::After(0));
     t.on_frame(message(1));
     match t.on_frame(message(4)) {
-        Step::Gap {
-            error:
-                Error::SequenceGap {
-                    topic,
-                    last_delivered: 1,
-                    received: 4,
-                },
-            then: Event::Message(m),
-        } => {
+        Step::Gap { error: Error::SequenceGap { topic, last_delivered: 1, received: 4 }, then: Event::Message(m) } => {
             assert_eq!(topic, "orders");
             assert_eq!(m.sequence, 4);
         }
@@ -97,16 +89,11 @@ fn an_unannounced_jump_is_reported_then_delivered() {
 #[test]
 fn announced_expiry_moves_the_floor_and_is_not_a_gap() {
     let mut t = Tracker::new("t", Cursor::After(0));
-    let expired = ServerFrame::Control(ControlFrame::MessagesExpired {
-        requested_cursor: 0,
-        first_available_sequence: 5,
-    });
+    let expired =
+        ServerFrame::Control(ControlFrame::MessagesExpired { requested_cursor: 0, first_available_sequence: 5 });
     assert!(matches!(
         t.on_frame(expired),
-        Step::Emit(Event::Expired {
-            requested_cursor: 0,
-            first_available_sequence: 5
-        })
+        Step::Emit(Event::Expired { requested_cursor: 0, first_available_sequence: 5 })
     ));
     assert_eq!(t.resume_cursor(), Cursor::After(4));
     assert_eq!(delivered(&t.on_frame(message(5))), Some(5));
@@ -115,10 +102,8 @@ fn announced_expiry_moves_the_floor_and_is_not_a_gap() {
 #[test]
 fn expiry_of_messages_already_delivered_is_not_reported() {
     let mut t = Tracker::new("t", Cursor::After(7));
-    let expired = ServerFrame::Control(ControlFrame::MessagesExpired {
-        requested_cursor: 3,
-        first_available_sequence: 6,
-    });
+    let expired =
+        ServerFrame::Control(ControlFrame::MessagesExpired { requested_cursor: 3, first_available_sequence: 6 });
     assert!(matches!(t.on_frame(expired), Step::Skip));
     assert_eq!(t.resume_cursor(), Cursor::After(7));
 }
@@ -126,23 +111,15 @@ fn expiry_of_messages_already_delivered_is_not_reported() {
 #[test]
 fn topic_deleted_ends_and_unknown_frames_are_skipped() {
     let mut t = Tracker::new("t", Cursor::Latest);
-    assert!(matches!(
-        t.on_frame(ServerFrame::Control(ControlFrame::Unknown)),
-        Step::Skip
-    ));
+    assert!(matches!(t.on_frame(ServerFrame::Control(ControlFrame::Unknown)), Step::Skip));
     assert!(matches!(t.on_frame(ServerFrame::Unknown), Step::Skip));
-    assert!(matches!(
-        t.on_frame(ServerFrame::Control(ControlFrame::TopicDeleted)),
-        Step::End(Event::TopicDeleted)
-    ));
+    assert!(matches!(t.on_frame(ServerFrame::Control(ControlFrame::TopicDeleted)), Step::End(Event::TopicDeleted)));
 }
 
 #[test]
 fn acks_are_coalesced_to_the_highest_sequence() {
     let (tx, mut rx) = watch::channel(0u64);
-    let acker = Acker {
-        latest: Arc::new(tx),
-    };
+    let acker = Acker { latest: Arc::new(tx) };
     acker.ack(5);
     acker.clone().ack(3);
     assert_eq!(acker.acked(), 5);
@@ -171,19 +148,17 @@ where
 {
     let app = Router::new().route(
         "/topics/{name}/subscribe",
-        get(
-            move |ws: WebSocketUpgrade, Query(q): Query<HashMap<String, String>>| async move {
-                let n = {
-                    let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-                    l.cursors.push(q.get("cursor").cloned());
-                    l.acks.push(Vec::new());
-                    l.cursors.len() - 1
-                };
-                let log = log.clone();
-                let script = script.clone();
-                ws.on_upgrade(move |socket| script(n, socket, log))
-            },
-        ),
+        get(move |ws: WebSocketUpgrade, Query(q): Query<HashMap<String, String>>| async move {
+            let n = {
+                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                l.cursors.push(q.get("cursor").cloned());
+                l.acks.push(Vec::new());
+                l.cursors.len() - 1
+            };
+            let log = log.clone();
+            let script = script.clone();
+            ws.on_upgrade(move |socket| script(n, socket, log))
+        }),
     );
     serve(app).await
 }
@@ -242,16 +217,9 @@ fn sequences(events: &[Result<Event, Error>]) -> Vec<String> {
         .map(|e| match e {
             Ok(Event::Message(m)) => m.sequence.to_string(),
             Ok(Event::TopicDeleted) => "deleted".into(),
-            Ok(Event::Expired {
-                first_available_sequence,
-                ..
-            }) => format!("expired->{first_available_sequence}"),
+            Ok(Event::Expired { first_available_sequence, .. }) => format!("expired->{first_available_sequence}"),
             Ok(Event::LeaderChange { .. }) => "leader".into(),
-            Err(Error::SequenceGap {
-                last_delivered,
-                received,
-                ..
-            }) => format!("gap {last_delivered}->{received}"),
+            Err(Error::SequenceGap { last_delivered, received, .. }) => format!("gap {last_delivered}->{received}"),
             Err(e) => format!("error {e}"),
         })
         .collect()
@@ -281,9 +249,7 @@ async fn reconnect_resumes_after_the_last_delivered_sequence_without_duplicates(
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = client
-        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
-        .await;
+    let sub = client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await;
     let sub = match sub {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
@@ -292,15 +258,8 @@ async fn reconnect_resumes_after_the_last_delivered_sequence_without_duplicates(
     let events = collect(sub, true).await;
     assert_eq!(sequences(&events), vec!["1", "2", "3", "4", "deleted"]);
     let log = log.lock().unwrap_or_else(|p| p.into_inner());
-    assert_eq!(
-        log.cursors,
-        vec![Some("0".to_string()), Some("3".to_string())]
-    );
-    assert_eq!(
-        log.acks[1],
-        vec![3],
-        "latest ack re-sent after the reconnect"
-    );
+    assert_eq!(log.cursors, vec![Some("0".to_string()), Some("3".to_string())]);
+    assert_eq!(log.acks[1], vec![3], "latest ack re-sent after the reconnect");
 }
 
 #[tokio::test]
@@ -339,10 +298,7 @@ async fn an_unannounced_sequence_jump_is_reported_as_a_gap_error() {
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client
-        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
-        .await
-    {
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
     };
@@ -372,22 +328,13 @@ async fn expiry_and_leader_change_are_events_and_update_the_leader_cache() {
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client
-        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
-        .await
-    {
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
     };
     let events = collect(sub, false).await;
-    assert_eq!(
-        sequences(&events),
-        vec!["expired->5", "5", "leader", "6", "deleted"]
-    );
-    assert_eq!(
-        client.cached_leader(),
-        Some("http://10.1.1.1:8080/".to_string())
-    );
+    assert_eq!(sequences(&events), vec!["expired->5", "5", "leader", "6", "deleted"]);
+    assert_eq!(client.cached_leader(), Some("http://10.1.1.1:8080/".to_string()));
 }
 
 #[tokio::test]
@@ -399,11 +346,40 @@ async fn a_refused_subscription_returns_the_servers_error() {
     let node = serve(app).await;
     let client = fast_client(&[&node]);
     let sub = client.subscribe("nope", SubscribeOptions::new("s")).await;
-    assert!(
-        matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound),
-        "{:?}",
-        sub.err()
-    );
+    assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
+}
+
+#[tokio::test]
+async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_node() {
+    let lagging = serve(Router::new().route(
+        "/topics/{name}/subscribe",
+        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
+    ))
+    .await;
+    let log = Shared::default();
+    let current = ws_node(log.clone(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let client = fast_client(&[&lagging, &current]);
+    let sub = client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await;
+    let sub = match sub {
+        Ok(s) => s,
+        Err(e) => panic!("the up-to-date node should have served it: {e}"),
+    };
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+
+    // When every known node denies the topic, it does not exist.
+    let other = serve(Router::new().route(
+        "/topics/{name}/subscribe",
+        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
+    ))
+    .await;
+    let client = fast_client(&[&lagging, &other]);
+    let sub = client.subscribe("t", SubscribeOptions::new("s")).await;
+    assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
 }
 
 #[tokio::test]
@@ -417,21 +393,14 @@ async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error(
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client
-        .subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0)))
-        .await
-    {
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
     };
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
     assert_eq!(events.len(), 2, "{:?}", sequences(&events));
-    assert!(
-        matches!(events.last(), Some(Err(e)) if e.is_unreachable()),
-        "{:?}",
-        sequences(&events)
-    );
+    assert!(matches!(events.last(), Some(Err(e)) if e.is_unreachable()), "{:?}", sequences(&events));
 }
 
 #[tokio::test]

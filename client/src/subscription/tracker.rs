@@ -67,31 +67,21 @@ impl Tracker {
                 }
                 Step::Skip
             }
-            ServerFrame::Control(ControlFrame::MessagesExpired {
-                requested_cursor,
-                first_available_sequence,
-            }) => {
+            ServerFrame::Control(ControlFrame::MessagesExpired { requested_cursor, first_available_sequence }) => {
                 let floor = first_available_sequence.saturating_sub(1);
                 match self.last_delivered {
                     // Everything that expired was delivered before: nothing lost for us.
                     Some(last) if floor <= last => Step::Skip,
                     _ => {
                         self.last_delivered = Some(floor);
-                        Step::Emit(Event::Expired {
-                            requested_cursor,
-                            first_available_sequence,
-                        })
+                        Step::Emit(Event::Expired { requested_cursor, first_available_sequence })
                     }
                 }
             }
             ServerFrame::Control(ControlFrame::TopicDeleted) => Step::End(Event::TopicDeleted),
-            ServerFrame::Control(ControlFrame::LeaderChange {
-                new_leader,
-                new_leader_id,
-            }) => Step::Emit(Event::LeaderChange {
-                new_leader,
-                new_leader_id,
-            }),
+            ServerFrame::Control(ControlFrame::LeaderChange { new_leader, new_leader_id }) => {
+                Step::Emit(Event::LeaderChange { new_leader, new_leader_id })
+            }
             ServerFrame::Control(ControlFrame::Unknown) | ServerFrame::Unknown => Step::Skip,
         }
     }
@@ -103,11 +93,7 @@ impl Tracker {
             Some(last) if sequence > last + 1 => {
                 self.last_delivered = Some(sequence);
                 Step::Gap {
-                    error: Error::SequenceGap {
-                        topic: self.topic.clone(),
-                        last_delivered: last,
-                        received: sequence,
-                    },
+                    error: Error::SequenceGap { topic: self.topic.clone(), last_delivered: last, received: sequence },
                     then: Event::Message(message),
                 }
             }

@@ -31,18 +31,11 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     let metrics = app.raft.metrics();
     let m = metrics.borrow().clone();
     let membership = m.membership_config.membership();
-    let mut peers: Vec<(u64, String)> = membership
-        .voter_ids()
-        .filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone())))
-        .collect();
+    let mut peers: Vec<(u64, String)> =
+        membership.voter_ids().filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone()))).collect();
     if peers.is_empty() {
         // Not initialized yet: the voters this node was started with.
-        peers = app
-            .config
-            .peers
-            .iter()
-            .map(|(id, addr)| (*id, addr.clone()))
-            .collect();
+        peers = app.config.peers.iter().map(|(id, addr)| (*id, addr.clone())).collect();
     }
     peers.sort();
     Json(json!({
@@ -63,33 +56,17 @@ pub async fn health() -> Json<Value> {
 
 /// Ready once this node knows a leader and has applied everything it knows is committed.
 pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError> {
-    let applied = app
-        .raft
-        .metrics()
-        .borrow()
-        .last_applied
-        .map(|l| l.index)
-        .unwrap_or(0);
+    let applied = app.raft.metrics().borrow().last_applied.map(|l| l.index).unwrap_or(0);
     let committed = app.committed_index.load(Ordering::Relaxed);
     if app.leadership() == Leadership::Unknown {
         return Err(ApiError::NotReady("no leader is known".into()));
     }
     if applied < committed {
-        return Err(ApiError::NotReady(format!(
-            "applied {applied} of {committed} committed entries"
-        )));
+        return Err(ApiError::NotReady(format!("applied {applied} of {committed} committed entries")));
     }
-    Ok(Json(
-        json!({"status": "ready", "last_applied": applied, "commit_index": committed}),
-    ))
+    Ok(Json(json!({"status": "ready", "last_applied": applied, "commit_index": committed})))
 }
 
 pub async fn metrics(State(app): State<SharedApp>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        app.metrics.render(&app),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.render(&app))
 }

@@ -16,9 +16,7 @@ pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, A
     let Path(name) = path.map_err(|e| ApiError::InvalidTopicName(e.body_text()))?;
     let valid = !name.is_empty()
         && name.len() <= TOPIC_NAME_CHARS_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
     if valid {
         Ok(name)
     } else {
@@ -27,18 +25,15 @@ pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, A
 }
 
 /// Query parameters as a map (repeated keys: the last wins).
-pub fn query(
-    q: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<HashMap<String, String>, ApiError> {
-    q.map(|Query(map)| map)
-        .map_err(|e| ApiError::InvalidRequest(format!("bad query string: {}", e.body_text())))
+pub fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
+    q.map(|Query(map)| map).map_err(|e| ApiError::InvalidRequest(format!("bad query string: {}", e.body_text())))
 }
 
 /// Reads a body of at most `limit` bytes; a larger one is `413 payload_too_large`.
 pub async fn body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"))
-    })
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes")))
 }
 
 /// Parses a JSON body; an empty body is `None`.
@@ -46,27 +41,21 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(bytes)
-        .map(Some)
-        .map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(bytes).map(Some).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))
 }
 
 /// Checks a message id or subscriber id: 1–256 characters.
 pub fn id_field(what: &str, value: &str) -> Result<(), ApiError> {
     let chars = value.chars().count();
     if chars == 0 || chars > ID_CHARS_MAX {
-        return Err(ApiError::InvalidRequest(format!(
-            "{what} must be 1 to {ID_CHARS_MAX} characters"
-        )));
+        return Err(ApiError::InvalidRequest(format!("{what} must be 1 to {ID_CHARS_MAX} characters")));
     }
     Ok(())
 }
 
 /// The path and query of a request, for a redirect's `Location`.
 pub fn path_and_query(uri: &axum::http::Uri) -> String {
-    uri.path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| uri.path().to_string())
+    uri.path_and_query().map(|p| p.to_string()).unwrap_or_else(|| uri.path().to_string())
 }
 
 #[cfg(test)]

@@ -17,9 +17,7 @@ use crate::limits::{READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_WAIT_MS_MAX};
 use crate::subscribe::frames::message_fields;
 
 fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>> {
-    query
-        .get(key)
-        .map(|v| v.trim().parse::<u64>().map_err(|_| ()))
+    query.get(key).map(|v| v.trim().parse::<u64>().map_err(|_| ()))
 }
 
 pub async fn read(
@@ -39,29 +37,17 @@ pub async fn read(
                 record.current_sequence
             )))
         }
-        Some(Err(())) => {
-            return Err(ApiError::InvalidCursor(
-                "after must be a non-negative integer".into(),
-            ))
-        }
+        Some(Err(())) => return Err(ApiError::InvalidCursor("after must be a non-negative integer".into())),
     };
     let limit = match number(&query, "limit") {
         None => READ_LIMIT_DEFAULT,
         Some(Ok(n)) if (1..=READ_LIMIT_MAX as u64).contains(&n) => n as usize,
-        _ => {
-            return Err(ApiError::InvalidRequest(format!(
-                "limit must be 1 to {READ_LIMIT_MAX}"
-            )))
-        }
+        _ => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {READ_LIMIT_MAX}"))),
     };
     let wait_ms = match number(&query, "wait_ms") {
         None => 0,
         Some(Ok(n)) if n <= READ_WAIT_MS_MAX => n,
-        _ => {
-            return Err(ApiError::InvalidRequest(format!(
-                "wait_ms must be 0 to {READ_WAIT_MS_MAX}"
-            )))
-        }
+        _ => return Err(ApiError::InvalidRequest(format!("wait_ms must be 0 to {READ_WAIT_MS_MAX}"))),
     };
 
     let mut watch = app.reader.watch_topic(&topic);
@@ -80,22 +66,12 @@ pub async fn read(
 }
 
 /// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
-fn page(
-    app: &SharedApp,
-    record: &raft_store::TopicRecord,
-    after: u64,
-    limit: usize,
-) -> Result<Response, ApiError> {
+fn page(app: &SharedApp, record: &raft_store::TopicRecord, after: u64, limit: usize) -> Result<Response, ApiError> {
     // Below the retained range the page starts at the first retained message.
     let start = after.max(record.first_sequence.saturating_sub(1));
     let messages = app.reader.read_messages(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
-    let mut out = Vec::with_capacity(
-        256 + messages
-            .iter()
-            .map(|(_, m)| m.payload.len() + 96)
-            .sum::<usize>(),
-    );
+    let mut out = Vec::with_capacity(256 + messages.iter().map(|(_, m)| m.payload.len() + 96).sum::<usize>());
     out.extend_from_slice(b"{\"messages\":[");
     for (i, (sequence, message)) in messages.iter().enumerate() {
         if i > 0 {

@@ -31,14 +31,8 @@ pub fn router(app: SharedApp) -> Router {
         .route("/ready", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))
         .route("/topics", get(topics::list))
-        .route(
-            "/topics/{name}",
-            post(topics::create).get(topics::get).delete(topics::delete),
-        )
-        .route(
-            "/topics/{name}/messages",
-            post(publish::publish).get(messages::read),
-        )
+        .route("/topics/{name}", post(topics::create).get(topics::get).delete(topics::delete))
+        .route("/topics/{name}/messages", post(publish::publish).get(messages::read))
         .route("/topics/{name}/messages/batch", post(publish::batch))
         .route("/topics/{name}/publish", get(publish_ws::upgrade))
         .route("/topics/{name}/subscribe", get(subscribe::subscribe))

@@ -16,9 +16,7 @@ use super::input;
 use super::topics::active;
 use crate::app::{InflightGuard, SharedApp};
 use crate::error::ApiError;
-use crate::limits::{
-    BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PUBLISH_BODY_BYTES_MAX,
-};
+use crate::limits::{BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PUBLISH_BODY_BYTES_MAX};
 
 /// A message as a client sends it.
 #[derive(Deserialize)]
@@ -52,9 +50,7 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
     match query.get("ack").map(String::as_str) {
         None | Some("committed") => Ok(AckMode::Committed),
         Some("appended") => Ok(AckMode::Appended),
-        Some(other) => Err(ApiError::InvalidRequest(format!(
-            "ack must be committed or appended, not {other:?}"
-        ))),
+        Some(other) => Err(ApiError::InvalidRequest(format!("ack must be committed or appended, not {other:?}"))),
     }
 }
 
@@ -94,9 +90,7 @@ pub fn minify(text: &str) -> Vec<u8> {
 }
 
 pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<NewMessage, ApiError> {
-    let payload = m
-        .payload
-        .ok_or_else(|| ApiError::InvalidRequest("payload is required".into()))?;
+    let payload = m.payload.ok_or_else(|| ApiError::InvalidRequest("payload is required".into()))?;
     let id = match m.id {
         Some(id) => {
             input::id_field("id", &id)?;
@@ -104,11 +98,7 @@ pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<NewMessage,
         }
         None => uuid::Uuid::new_v4().to_string(),
     };
-    Ok(NewMessage {
-        id,
-        timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()),
-        payload: payload_bytes(&payload)?,
-    })
+    Ok(NewMessage { id, timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()), payload: payload_bytes(&payload)? })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -132,30 +122,16 @@ pub async fn publish(
     let id = message.id.clone();
     if let Some(existing) = app.reader.dedup(record.id, &id)? {
         app.metrics.count_publish("duplicate", 1);
-        return Err(ApiError::DuplicateMessageId {
-            id,
-            existing_sequence: Some(existing),
-        });
+        return Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(existing) });
     }
     let Some(guard) = InflightGuard::try_new(app.clone(), &topic, &id) else {
         app.metrics.count_publish("duplicate", 1);
-        return Err(ApiError::DuplicateMessageId {
-            id,
-            existing_sequence: None,
-        });
+        return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
-    let request = Request::Publish {
-        topic: topic.clone(),
-        messages: vec![message],
-        now_ms: app.now_ms(),
-    };
+    let request = Request::Publish { topic: topic.clone(), messages: vec![message], now_ms: app.now_ms() };
 
     if mode == AckMode::Appended {
-        let receiver = app
-            .raft
-            .client_write_ff(request)
-            .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        let receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
         // Keep the id in flight until the entry resolves, so a quick retry is a duplicate.
         tokio::spawn(async move {
             let _ = tokio::time::timeout(crate::limits::WRITE_TIMEOUT, receiver).await;
@@ -179,17 +155,12 @@ pub async fn publish(
             }
             Some(PublishResult::Duplicate { existing_sequence }) => {
                 app.metrics.count_publish("duplicate", 1);
-                Err(ApiError::DuplicateMessageId {
-                    id,
-                    existing_sequence: Some(*existing_sequence),
-                })
+                Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(*existing_sequence) })
             }
             None => Err(ApiError::internal("publish applied without a result")),
         },
         SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic)),
-        other => Err(ApiError::internal(format!(
-            "unexpected apply result {other:?}"
-        ))),
+        other => Err(ApiError::internal(format!("unexpected apply result {other:?}"))),
     }
 }
 
@@ -203,28 +174,16 @@ pub async fn batch(
     let bytes = input::body(body, BATCH_BODY_BYTES_MAX).await?;
     let batch: BatchIn = parse(&bytes)?;
     if batch.messages.is_empty() || batch.messages.len() > BATCH_MESSAGES_MAX {
-        return Err(ApiError::InvalidRequest(format!(
-            "messages must hold 1 to {BATCH_MESSAGES_MAX} messages"
-        )));
+        return Err(ApiError::InvalidRequest(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
     }
-    let messages = batch
-        .messages
-        .into_iter()
-        .map(|m| new_message_from(&app, m))
-        .collect::<Result<Vec<_>, _>>()?;
+    let messages = batch.messages.into_iter().map(|m| new_message_from(&app, m)).collect::<Result<Vec<_>, _>>()?;
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
     active(&app, &topic)?;
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
-    let request = Request::Publish {
-        topic: topic.clone(),
-        messages,
-        now_ms: app.now_ms(),
-    };
-    let written = app
-        .write(request, &where_)
-        .await
-        .inspect_err(|_| app.metrics.count_publish("error", ids.len() as u64))?;
+    let request = Request::Publish { topic: topic.clone(), messages, now_ms: app.now_ms() };
+    let written =
+        app.write(request, &where_).await.inspect_err(|_| app.metrics.count_publish("error", ids.len() as u64))?;
     let SmResponse::Published { results } = written.data else {
         return Err(ApiError::TopicNotFound(topic));
     };
@@ -238,13 +197,9 @@ pub async fn batch(
             }
         })
         .collect();
-    let stored = results
-        .iter()
-        .filter(|r| r.get("sequence").is_some())
-        .count() as u64;
+    let stored = results.iter().filter(|r| r.get("sequence").is_some()).count() as u64;
     app.metrics.count_publish("stored", stored);
-    app.metrics
-        .count_publish("duplicate", results.len() as u64 - stored);
+    app.metrics.count_publish("duplicate", results.len() as u64 - stored);
     let body = json!({"topic": topic, "results": results, "raft_index": written.log_id.index, "committed": true});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -256,9 +211,6 @@ mod tests {
     #[test]
     fn minify_keeps_strings_and_key_order() {
         let text = "{ \"b\" : [1, 2],\n \"a\": \"x y \\\" z\" }";
-        assert_eq!(
-            String::from_utf8(minify(text)).unwrap(),
-            "{\"b\":[1,2],\"a\":\"x y \\\" z\"}"
-        );
+        assert_eq!(String::from_utf8(minify(text)).unwrap(), "{\"b\":[1,2],\"a\":\"x y \\\" z\"}");
     }
 }

@@ -50,8 +50,7 @@ pub async fn upgrade(
     let topic = input::topic_name(path)?;
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &topic)?;
-    let upgrade =
-        upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
+    let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
     Ok(upgrade
         .max_message_size(PUBLISH_BODY_BYTES_MAX)
         .on_upgrade(move |socket| serve(app, socket, topic))
@@ -94,10 +93,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
         tokio::spawn(async move {
             let _permit = permit;
             let answer = match serde_json::from_str::<PublishFrame>(&text) {
-                Err(e) => error_frame(
-                    &Value::Null,
-                    &ApiError::InvalidRequest(format!("invalid frame: {e}")),
-                ),
+                Err(e) => error_frame(&Value::Null, &ApiError::InvalidRequest(format!("invalid frame: {e}"))),
                 Ok(frame) => {
                     let reference: Value = frame
                         .reference
@@ -105,16 +101,9 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                         .and_then(|r| serde_json::from_str(r.get()).ok())
                         .unwrap_or(Value::Null);
                     if frame.kind != "publish" {
-                        error_frame(
-                            &reference,
-                            &ApiError::InvalidRequest("frames must have type \"publish\"".into()),
-                        )
+                        error_frame(&reference, &ApiError::InvalidRequest("frames must have type \"publish\"".into()))
                     } else {
-                        let fields = MessageFields {
-                            id: frame.id,
-                            payload: frame.payload,
-                            timestamp: frame.timestamp,
-                        };
+                        let fields = MessageFields { id: frame.id, payload: frame.payload, timestamp: frame.timestamp };
                         match publish_one(&app, &topic, fields).await {
                             Ok(mut ack) => {
                                 ack["ref"] = reference;
@@ -133,47 +122,27 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let _ = writer.await;
 }
 
-async fn publish_one(
-    app: &SharedApp,
-    topic: &str,
-    fields: MessageFields,
-) -> Result<Value, ApiError> {
+async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Result<Value, ApiError> {
     let message = new_message_from(app, fields)?;
     let record = active(app, topic)?;
     let id = message.id.clone();
     if let Some(existing) = app.reader.dedup(record.id, &id)? {
-        return Err(ApiError::DuplicateMessageId {
-            id,
-            existing_sequence: Some(existing),
-        });
+        return Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(existing) });
     }
-    let request = Request::Publish {
-        topic: topic.to_string(),
-        messages: vec![message],
-        now_ms: app.now_ms(),
-    };
-    let written = app
-        .write(request, &format!("/topics/{topic}/publish"))
-        .await?;
+    let request = Request::Publish { topic: topic.to_string(), messages: vec![message], now_ms: app.now_ms() };
+    let written = app.write(request, &format!("/topics/{topic}/publish")).await?;
     match written.data {
         SmResponse::Published { results } => match results.first() {
             Some(PublishResult::Stored { sequence }) => {
                 app.metrics.count_publish("stored", 1);
-                Ok(
-                    json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_id.index}),
-                )
+                Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_id.index}))
             }
             Some(PublishResult::Duplicate { existing_sequence }) => {
-                Err(ApiError::DuplicateMessageId {
-                    id,
-                    existing_sequence: Some(*existing_sequence),
-                })
+                Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(*existing_sequence) })
             }
             None => Err(ApiError::internal("publish applied without a result")),
         },
         SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
-        other => Err(ApiError::internal(format!(
-            "unexpected apply result {other:?}"
-        ))),
+        other => Err(ApiError::internal(format!("unexpected apply result {other:?}"))),
     }
 }

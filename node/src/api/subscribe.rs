@@ -42,29 +42,16 @@ pub async fn subscribe(
                     record.current_sequence
                 )))
             }
-            Err(_) => {
-                return Err(ApiError::InvalidCursor(format!(
-                    "cursor {text:?} is not a number"
-                )))
-            }
+            Err(_) => return Err(ApiError::InvalidCursor(format!("cursor {text:?} is not a number"))),
         },
     };
     if app.subscriptions.load(Ordering::Relaxed) >= SUBSCRIPTIONS_MAX {
-        return Err(ApiError::Unavailable(format!(
-            "this node already serves {SUBSCRIPTIONS_MAX} subscriptions"
-        )));
+        return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     }
     let upgrade = upgrade.map_err(|_| {
-        ApiError::InvalidRequest(
-            "this endpoint is a WebSocket: send a WebSocket upgrade request".into(),
-        )
+        ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
     })?;
-    let session = Session {
-        topic,
-        topic_id: record.id,
-        subscriber_id,
-        cursor,
-    };
+    let session = Session { topic, topic_id: record.id, subscriber_id, cursor };
     Ok(upgrade
         .max_message_size(SUBSCRIBER_FRAME_BYTES_MAX)
         .max_frame_size(SUBSCRIBER_FRAME_BYTES_MAX)

@@ -27,10 +27,7 @@ fn metadata(record: &TopicRecord) -> Box<RawValue> {
 }
 
 pub fn active(app: &SharedApp, name: &str) -> Result<TopicRecord, ApiError> {
-    app.reader
-        .topic(name)
-        .filter(|r| !r.deleted)
-        .ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
+    app.reader.topic(name).filter(|r| !r.deleted).ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
 }
 
 /// Reads `retention_*` from metadata: each, when present, a whole number ≥ 1.
@@ -40,9 +37,7 @@ fn retention(metadata: &Map<String, Value>) -> Result<Retention, ApiError> {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64() {
                 Some(n) if n >= 1 => Ok(Some(n)),
-                _ => Err(ApiError::InvalidRequest(format!(
-                    "metadata.{key} must be a whole number of at least 1"
-                ))),
+                _ => Err(ApiError::InvalidRequest(format!("metadata.{key} must be a whole number of at least 1"))),
             },
         }
     };
@@ -65,43 +60,20 @@ pub async fn create(
     let (metadata, retention) = match parsed.as_ref().and_then(|b| b.get("metadata")) {
         None | Some(Value::Null) => (None, Retention::default()),
         Some(Value::Object(m)) => (Some(Value::Object(m.clone()).to_string()), retention(m)?),
-        Some(_) => {
-            return Err(ApiError::InvalidRequest(
-                "metadata must be a JSON object".into(),
-            ))
-        }
+        Some(_) => return Err(ApiError::InvalidRequest("metadata must be a JSON object".into())),
     };
     app.require_leader(&input::path_and_query(&uri))?;
     if active(&app, &name).is_ok() {
-        return Ok((
-            StatusCode::OK,
-            Json(json!({"topic": name, "created": false, "raft_index": 0})),
-        )
-            .into_response());
+        return Ok((StatusCode::OK, Json(json!({"topic": name, "created": false, "raft_index": 0}))).into_response());
     }
     if app.reader.topic(&name).is_none() && app.reader.topic_count() >= TOPICS_MAX {
-        return Err(ApiError::InvalidRequest(format!(
-            "the cluster already holds {TOPICS_MAX} topics"
-        )));
+        return Err(ApiError::InvalidRequest(format!("the cluster already holds {TOPICS_MAX} topics")));
     }
-    let request = Request::CreateTopic {
-        topic: name.clone(),
-        metadata,
-        retention,
-        now_ms: app.now_ms(),
-    };
+    let request = Request::CreateTopic { topic: name.clone(), metadata, retention, now_ms: app.now_ms() };
     let written = app.write(request, &input::path_and_query(&uri)).await?;
     let created = matches!(written.data, SmResponse::TopicCreated { created: true });
-    let (status, raft_index) = if created {
-        (StatusCode::CREATED, written.log_id.index)
-    } else {
-        (StatusCode::OK, 0)
-    };
-    Ok((
-        status,
-        Json(json!({"topic": name, "created": created, "raft_index": raft_index})),
-    )
-        .into_response())
+    let (status, raft_index) = if created { (StatusCode::CREATED, written.log_id.index) } else { (StatusCode::OK, 0) };
+    Ok((status, Json(json!({"topic": name, "created": created, "raft_index": raft_index}))).into_response())
 }
 
 pub async fn list(State(app): State<SharedApp>) -> Json<Value> {
@@ -141,18 +113,11 @@ pub async fn delete(
     let name = input::topic_name(path)?;
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &name)?;
-    let written = app
-        .write(
-            Request::DeleteTopic {
-                topic: name.clone(),
-            },
-            &input::path_and_query(&uri),
-        )
-        .await?;
+    let written = app.write(Request::DeleteTopic { topic: name.clone() }, &input::path_and_query(&uri)).await?;
     match written.data {
-        SmResponse::TopicDeleted => Ok(Json(
-            json!({"topic": name, "deleted": true, "raft_index": written.log_id.index}),
-        )),
+        SmResponse::TopicDeleted => {
+            Ok(Json(json!({"topic": name, "deleted": true, "raft_index": written.log_id.index})))
+        }
         _ => Err(ApiError::TopicNotFound(name)),
     }
 }
@@ -165,11 +130,7 @@ pub async fn subscribers(
 ) -> Result<Json<Value>, ApiError> {
     let name = input::topic_name(path)?;
     let r = active(&app, &name)?;
-    let mut acked: BTreeMap<String, u64> = app
-        .reader
-        .cursors(r.id, SUBSCRIBERS_LIST_MAX)?
-        .into_iter()
-        .collect();
+    let mut acked: BTreeMap<String, u64> = app.reader.cursors(r.id, SUBSCRIBERS_LIST_MAX)?.into_iter().collect();
     let connected: HashMap<String, u64> = app.connected_subscribers(&name);
     for (id, _) in connected {
         if acked.len() >= SUBSCRIBERS_LIST_MAX {

@@ -3,8 +3,8 @@
 //! to the leader. Each travels as one binary WebSocket message: a bincode [`Frame`].
 
 use raft_store::typ::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
-    InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
+    RaftError, VoteRequest, VoteResponse,
 };
 use raft_store::{NodeId, Request, Response};
 use serde::{Deserialize, Serialize};

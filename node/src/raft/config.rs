@@ -2,9 +2,7 @@
 
 use openraft::{Config, SnapshotPolicy};
 
-use crate::limits::{
-    APPEND_ENTRIES_MAX, LOGS_KEPT_AFTER_SNAPSHOT, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS,
-};
+use crate::limits::{APPEND_ENTRIES_MAX, LOGS_KEPT_AFTER_SNAPSHOT, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS};
 
 pub fn raft_config(
     heartbeat_ms: u64,

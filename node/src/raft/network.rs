@@ -17,8 +17,8 @@ use futures_util::{SinkExt, StreamExt};
 use openraft::error::{NetworkError, PayloadTooLarge, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use raft_store::typ::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
-    InstallSnapshotResponse, RPCError, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
+    RPCError, VoteRequest, VoteResponse,
 };
 use raft_store::{Node, NodeId, TypeConfig};
 use tokio::sync::{mpsc, oneshot};
@@ -28,9 +28,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
-use crate::limits::{
-    PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX,
-};
+use crate::limits::{PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX};
 use crate::net::Env;
 
 /// Why an RPC did not get an answer.
@@ -62,11 +60,7 @@ pub struct PeerPool {
 
 impl PeerPool {
     pub fn new(env: Env, secret: Option<String>) -> Arc<Self> {
-        Arc::new(Self {
-            env,
-            secret,
-            conns: Mutex::new(HashMap::new()),
-        })
+        Arc::new(Self { env, secret, conns: Mutex::new(HashMap::new()) })
     }
 
     /// The connection to `target` at `addr`, created (not yet dialed) on first use.
@@ -74,9 +68,7 @@ impl PeerPool {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns
             .entry((target, addr.to_string()))
-            .or_insert_with(|| {
-                PeerConn::spawn(self.env.clone(), addr.to_string(), self.secret.clone())
-            })
+            .or_insert_with(|| PeerConn::spawn(self.env.clone(), addr.to_string(), self.secret.clone()))
             .clone()
     }
 }
@@ -97,49 +89,33 @@ impl PeerConn {
     fn spawn(env: Env, addr: String, secret: Option<String>) -> Arc<Self> {
         let (queue, rx) = mpsc::channel(PEER_QUEUE_LEN);
         tokio::spawn(run_conn(env, addr, secret, rx));
-        Arc::new(Self {
-            queue,
-            next_id: AtomicU64::new(1),
-        })
+        Arc::new(Self { queue, next_id: AtomicU64::new(1) })
     }
 
     /// Sends `request` and waits at most `timeout` for its response.
-    pub async fn call(
-        &self,
-        request: RpcRequest,
-        timeout: Duration,
-    ) -> Result<RpcResponse, TransportError> {
+    pub async fn call(&self, request: RpcRequest, timeout: Duration) -> Result<RpcResponse, TransportError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = encode(&Frame { id, body: request })
-            .map_err(|e| TransportError::Network(e.to_string()))?;
+        let frame = encode(&Frame { id, body: request }).map_err(|e| TransportError::Network(e.to_string()))?;
         let (reply, response) = oneshot::channel();
         let exchange = async {
             self.queue
                 .send(Outgoing { id, frame, reply })
                 .await
                 .map_err(|_| TransportError::Unreachable("connection task stopped".into()))?;
-            response
-                .await
-                .map_err(|_| TransportError::Network("connection dropped the request".into()))?
+            response.await.map_err(|_| TransportError::Network("connection dropped the request".into()))?
         };
-        tokio::time::timeout(timeout, exchange)
-            .await
-            .map_err(|_| TransportError::Timeout(timeout))?
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| TransportError::Timeout(timeout))?
     }
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<crate::net::BoxedStream>;
 
 async fn dial(env: &Env, addr: &str, secret: &Option<String>) -> Result<Ws, TransportError> {
-    let unreachable =
-        |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
+    let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
     let stream = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
-    let mut request = format!("ws://{addr}/raft")
-        .into_client_request()
-        .map_err(|e| unreachable(&e))?;
+    let mut request = format!("ws://{addr}/raft").into_client_request().map_err(|e| unreachable(&e))?;
     if let Some(secret) = secret {
-        let value =
-            HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
+        let value = HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
         request.headers_mut().insert(AUTHORIZATION, value);
     }
     let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
@@ -149,12 +125,7 @@ async fn dial(env: &Env, addr: &str, secret: &Option<String>) -> Result<Ws, Tran
 }
 
 /// The connection task: dial on demand, pump requests out and responses back.
-async fn run_conn(
-    env: Env,
-    addr: String,
-    secret: Option<String>,
-    mut rx: mpsc::Receiver<Outgoing>,
-) {
+async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::Receiver<Outgoing>) {
     loop {
         let Some(first) = rx.recv().await else { return };
         let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &secret)).await {
@@ -164,18 +135,13 @@ async fn run_conn(
                 continue;
             }
             Err(_) => {
-                fail_queued(
-                    first,
-                    &mut rx,
-                    TransportError::Unreachable(format!("{addr}: dial timed out")),
-                );
+                fail_queued(first, &mut rx, TransportError::Unreachable(format!("{addr}: dial timed out")));
                 continue;
             }
         };
         tracing::debug!(peer = %addr, "raft connection open");
         let (mut sink, mut stream) = ws.split();
-        let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> =
-            HashMap::new();
+        let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> = HashMap::new();
         let mut next = Some(first);
         let mut quiet_since = Instant::now();
         let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
@@ -252,10 +218,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
-        PeerClient {
-            target,
-            conn: self.pool.conn(target, &node.addr),
-        }
+        PeerClient { target, conn: self.pool.conn(target, &node.addr) }
     }
 }
 
@@ -268,9 +231,7 @@ pub struct PeerClient {
 fn transport_error<E: std::error::Error>(e: TransportError) -> RPCError<E> {
     match e {
         TransportError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&e)),
-        TransportError::Network(_) | TransportError::Timeout(_) => {
-            RPCError::Network(NetworkError::new(&e))
-        }
+        TransportError::Network(_) | TransportError::Timeout(_) => RPCError::Network(NetworkError::new(&e)),
     }
 }
 
@@ -280,16 +241,9 @@ impl PeerClient {
         request: RpcRequest,
         option: &RPCOption,
     ) -> Result<RpcResponse, RPCError<E>> {
-        let response = self
-            .conn
-            .call(request, option.hard_ttl())
-            .await
-            .map_err(transport_error)?;
+        let response = self.conn.call(request, option.hard_ttl()).await.map_err(transport_error)?;
         if let RpcResponse::WrongNode { actual } = response {
-            let e = TransportError::Unreachable(format!(
-                "expected node-{} but reached node-{actual}",
-                self.target
-            ));
+            let e = TransportError::Unreachable(format!("expected node-{} but reached node-{actual}", self.target));
             return Err(transport_error(e));
         }
         Ok(response)
@@ -307,26 +261,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RPCError> {
         let entries = req.entries.len() as u64;
-        if entries > 1
-            && bincode::serialized_size(&req).unwrap_or(0) > RAFT_MESSAGE_BYTES_MAX as u64
-        {
-            return Err(RPCError::PayloadTooLarge(
-                PayloadTooLarge::new_entries_hint(entries / 2),
-            ));
+        if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > RAFT_MESSAGE_BYTES_MAX as u64 {
+            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)));
         }
-        match self
-            .call(
-                RpcRequest::AppendEntries {
-                    target: self.target,
-                    req,
-                },
-                &option,
-            )
-            .await?
-        {
-            RpcResponse::AppendEntries(r) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
+        match self.call(RpcRequest::AppendEntries { target: self.target, req }, &option).await? {
+            RpcResponse::AppendEntries(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
             _ => Err(unexpected()),
         }
     }
@@ -336,41 +275,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         req: InstallSnapshotRequest,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RPCError<InstallSnapshotError>> {
-        match self
-            .call(
-                RpcRequest::InstallSnapshot {
-                    target: self.target,
-                    req,
-                },
-                &option,
-            )
-            .await?
-        {
-            RpcResponse::InstallSnapshot(r) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
+        match self.call(RpcRequest::InstallSnapshot { target: self.target, req }, &option).await? {
+            RpcResponse::InstallSnapshot(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
             _ => Err(unexpected()),
         }
     }
 
-    async fn vote(
-        &mut self,
-        req: VoteRequest,
-        option: RPCOption,
-    ) -> Result<VoteResponse, RPCError> {
-        match self
-            .call(
-                RpcRequest::Vote {
-                    target: self.target,
-                    req,
-                },
-                &option,
-            )
-            .await?
-        {
-            RpcResponse::Vote(r) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
+    async fn vote(&mut self, req: VoteRequest, option: RPCOption) -> Result<VoteResponse, RPCError> {
+        match self.call(RpcRequest::Vote { target: self.target, req }, &option).await? {
+            RpcResponse::Vote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
             _ => Err(unexpected()),
         }
     }

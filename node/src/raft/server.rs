@@ -20,19 +20,14 @@ pub async fn handle(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     if let Some(secret) = &app.config.cluster_secret {
-        let presented = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let presented =
+            headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if presented != Some(secret.as_str()) {
             return ApiError::Unauthorized.into_response();
         }
     }
     let Ok(upgrade) = upgrade else {
-        return ApiError::InvalidRequest(
-            "GET /raft is a WebSocket endpoint for cluster peers".into(),
-        )
-        .into_response();
+        return ApiError::InvalidRequest("GET /raft is a WebSocket endpoint for cluster peers".into()).into_response();
     };
     upgrade
         .max_message_size(RAFT_MESSAGE_BYTES_MAX)
@@ -94,12 +89,8 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
             RpcResponse::WrongNode { actual: me }
         }
         RpcRequest::Vote { req, .. } => RpcResponse::Vote(app.raft.vote(req).await),
-        RpcRequest::AppendEntries { req, .. } => {
-            RpcResponse::AppendEntries(app.raft.append_entries(req).await)
-        }
-        RpcRequest::InstallSnapshot { req, .. } => {
-            RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await)
-        }
+        RpcRequest::AppendEntries { req, .. } => RpcResponse::AppendEntries(app.raft.append_entries(req).await),
+        RpcRequest::InstallSnapshot { req, .. } => RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await),
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
     }
 }
@@ -107,13 +98,8 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
 async fn forward(app: &SharedApp, req: raft_store::Request) -> Result<ForwardReply, ForwardError> {
     match tokio::time::timeout(WRITE_TIMEOUT, app.raft.client_write(req)).await {
         Err(_) => Err(ForwardError::Timeout),
-        Ok(Ok(r)) => Ok(ForwardReply {
-            log_index: r.log_id.index,
-            response: r.data,
-        }),
-        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
-            Err(ForwardError::NotLeader)
-        }
+        Ok(Ok(r)) => Ok(ForwardReply { log_index: r.log_id.index, response: r.data }),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
         Ok(Err(e)) => Err(ForwardError::Failed(e.to_string())),
     }
 }

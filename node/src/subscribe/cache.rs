@@ -11,9 +11,7 @@ use std::sync::Mutex;
 
 use axum::extract::ws::Utf8Bytes;
 
-use crate::limits::{
-    FRAME_CACHE_BYTES_PER_TOPIC, FRAME_CACHE_FRAMES_PER_TOPIC, FRAME_CACHE_TOPICS_MAX,
-};
+use crate::limits::{FRAME_CACHE_BYTES_PER_TOPIC, FRAME_CACHE_FRAMES_PER_TOPIC, FRAME_CACHE_TOPICS_MAX};
 
 /// Contiguous frames of one topic: `frames[i]` is sequence `first + i`.
 #[derive(Default)]
@@ -46,13 +44,7 @@ impl FrameCache {
             return Vec::new();
         }
         let skip = (next - ring.first) as usize;
-        ring.frames
-            .iter()
-            .skip(skip)
-            .take(max)
-            .enumerate()
-            .map(|(i, f)| (next + i as u64, f.clone()))
-            .collect()
+        ring.frames.iter().skip(skip).take(max).enumerate().map(|(i, f)| (next + i as u64, f.clone())).collect()
     }
 
     /// Adds frames read from storage (contiguous, in order).
@@ -70,11 +62,7 @@ impl FrameCache {
         let ring = topics.entry(topic_id).or_default();
         if ring.frames.is_empty() || *first_seq > ring.end() || *first_seq < ring.first {
             // Not contiguous with what is cached: start the ring over at these frames.
-            *ring = Ring {
-                first: *first_seq,
-                frames: VecDeque::new(),
-                bytes: 0,
-            };
+            *ring = Ring { first: *first_seq, frames: VecDeque::new(), bytes: 0 };
         }
         for (seq, frame) in frames {
             if *seq < ring.end() {
@@ -84,9 +72,7 @@ impl FrameCache {
             ring.bytes += frame.len();
             ring.frames.push_back(frame.clone());
         }
-        while ring.frames.len() > FRAME_CACHE_FRAMES_PER_TOPIC
-            || ring.bytes > FRAME_CACHE_BYTES_PER_TOPIC
-        {
+        while ring.frames.len() > FRAME_CACHE_FRAMES_PER_TOPIC || ring.bytes > FRAME_CACHE_BYTES_PER_TOPIC {
             match ring.frames.pop_front() {
                 Some(old) => {
                     ring.bytes -= old.len();
@@ -103,9 +89,7 @@ mod tests {
     use super::*;
 
     fn frames(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, Utf8Bytes)> {
-        range
-            .map(|s| (s, Utf8Bytes::from(format!("f{s}"))))
-            .collect()
+        range.map(|s| (s, Utf8Bytes::from(format!("f{s}")))).collect()
     }
 
     #[test]

@@ -39,11 +39,7 @@ pub fn subscribed(topic: &str, cursor: u64, subscriber_id: &str) -> String {
         .to_string()
 }
 
-pub fn messages_expired(
-    topic: &str,
-    requested_cursor: u64,
-    first_available_sequence: u64,
-) -> String {
+pub fn messages_expired(topic: &str, requested_cursor: u64, first_available_sequence: u64) -> String {
     json!({"type": "control", "subtype": "messages_expired", "topic": topic,
            "requested_cursor": requested_cursor, "first_available_sequence": first_available_sequence})
     .to_string()

@@ -56,11 +56,7 @@ impl Registration {
     fn new(app: SharedApp, session: &Session) -> Self {
         app.subscriptions.fetch_add(1, Ordering::Relaxed);
         let key = (session.topic.clone(), session.subscriber_id.clone());
-        *app.connected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_insert(0) += 1;
+        *app.connected.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_insert(0) += 1;
         Self { app, key }
     }
 }
@@ -95,15 +91,8 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session) {
     let end = serve(&app, &mut sink, &session, &heard, &client_gone).await;
     listener.abort();
     if let End::Close(code, reason) = end {
-        let frame = CloseFrame {
-            code,
-            reason: Utf8Bytes::from_static(reason),
-        };
-        let _ = tokio::time::timeout(
-            SUBSCRIBE_PING_INTERVAL,
-            sink.send(Message::Close(Some(frame))),
-        )
-        .await;
+        let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
+        let _ = tokio::time::timeout(SUBSCRIBE_PING_INTERVAL, sink.send(Message::Close(Some(frame)))).await;
     }
 }
 
@@ -120,9 +109,7 @@ async fn listen(
         *heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         match message {
             Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
-                Ok(ClientFrame::Ack { sequence }) => {
-                    app.acks.record(&topic, &subscriber_id, sequence)
-                }
+                Ok(ClientFrame::Ack { sequence }) => app.acks.record(&topic, &subscriber_id, sequence),
                 Err(e) => {
                     tracing::debug!(error = %e, "ignoring an unknown frame from a subscriber")
                 }
@@ -135,10 +122,7 @@ async fn listen(
 }
 
 /// Sends `text` frames, giving up on a client that does not read for the idle timeout.
-async fn send_all<T: Into<Utf8Bytes>>(
-    sink: &mut Sink,
-    texts: impl IntoIterator<Item = T>,
-) -> Result<(), End> {
+async fn send_all<T: Into<Utf8Bytes>>(sink: &mut Sink, texts: impl IntoIterator<Item = T>) -> Result<(), End> {
     let send = async {
         for text in texts {
             sink.feed(Message::Text(text.into())).await?;
@@ -177,43 +161,25 @@ async fn serve_inner(
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
     ping.reset();
     let mut cursor = s.cursor;
-    send_all(
-        sink,
-        [frames::subscribed(&s.topic, cursor, &s.subscriber_id)],
-    )
-    .await?;
+    send_all(sink, [frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
 
     loop {
         let signal = *watch.borrow_and_update();
         if signal.first_sequence > cursor + 1 {
-            send_all(
-                sink,
-                [frames::messages_expired(
-                    &s.topic,
-                    cursor,
-                    signal.first_sequence,
-                )],
-            )
-            .await?;
+            send_all(sink, [frames::messages_expired(&s.topic, cursor, signal.first_sequence)]).await?;
             cursor = signal.first_sequence - 1;
         }
         if cursor < signal.current_sequence {
             let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES);
             if page.is_empty() {
-                let stored = app
-                    .reader
-                    .read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES)
-                    .map_err(|e| {
-                        tracing::error!(error = %e, "subscription cannot read storage");
-                        End::Close(1011, "storage error")
-                    })?;
+                let stored = app.reader.read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
+                    tracing::error!(error = %e, "subscription cannot read storage");
+                    End::Close(1011, "storage error")
+                })?;
                 page = stored
                     .iter()
                     .map(|(sequence, message)| {
-                        (
-                            *sequence,
-                            Utf8Bytes::from(frames::message(&s.topic, *sequence, message)),
-                        )
+                        (*sequence, Utf8Bytes::from(frames::message(&s.topic, *sequence, message)))
                     })
                     .collect();
                 app.frames.put(s.topic_id, &page);
@@ -229,9 +195,7 @@ async fn serve_inner(
                 debug_assert!(sequence > cursor);
                 if sequence != cursor + 1 {
                     // Trimmed between the signal and the read: say so, then go on.
-                    out.push(Utf8Bytes::from(frames::messages_expired(
-                        &s.topic, cursor, sequence,
-                    )));
+                    out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, cursor, sequence)));
                 }
                 out.push(frame);
                 cursor = sequence;
@@ -275,9 +239,5 @@ async fn serve_inner(
 fn addr_of(app: &SharedApp, id: u64) -> String {
     let metrics = app.raft.metrics();
     let m = metrics.borrow();
-    m.membership_config
-        .membership()
-        .get_node(&id)
-        .map(|n| n.addr.clone())
-        .unwrap_or_default()
+    m.membership_config.membership().get_node(&id).map(|n| n.addr.clone()).unwrap_or_default()
 }

@@ -1,0 +1,394 @@
+//! The Rust client library and the `pubsub` CLI against real 3-node clusters: redirects and
+//! the leader cache, exactly-once publishing across a leader kill, a subscription that
+//! survives a leader kill and a restart of its own node, `cursor=acked`, and the CLI end to
+//! end with its exit codes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use pubsub_client::{AckMode, Client, Cursor, Error, Event, NewMessage, SubscribeOptions, Subscription};
+use pubsub_tests::http::get_json;
+use pubsub_tests::{node_binary, read_all, wait_until, Cluster, Options};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// A client for a cluster under faults: a retry budget that outlasts an election on a busy
+/// 2-core machine, with short steps so a new leader is found quickly.
+fn patient_client(seeds: Vec<String>) -> Client {
+    Client::builder(seeds)
+        .attempts_max(60)
+        .operation_timeout(CONVERGE)
+        .backoff(Duration::from_millis(20), Duration::from_millis(500))
+        .request_timeout(Duration::from_secs(8))
+        .connect_timeout(Duration::from_millis(500))
+        .reconnect_attempts_max(100)
+        .build()
+        .expect("client")
+}
+
+/// The `pubsub` binary: `PUBSUB_CLI_BIN`, else next to `pubsub-node`.
+fn cli_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("PUBSUB_CLI_BIN") {
+        return PathBuf::from(path);
+    }
+    let bin = node_binary().with_file_name("pubsub");
+    assert!(bin.exists(), "{} not built: run `cargo build --release --bins` first", bin.display());
+    bin
+}
+
+/// Every running node serves the same (sequence, id) list, sequences 1..=n, no id twice, and
+/// every acknowledged id at the sequence the client reported.
+async fn assert_exactly_once(c: &Cluster, topic: &str, acked: &HashMap<String, u64>) {
+    let running: Vec<usize> = (0..c.nodes.len()).filter(|&i| c.running(i)).collect();
+    let top = acked.values().copied().max().unwrap_or(0);
+    let log = wait_until("every node serves the same log", CONVERGE, || async {
+        let mut lists = Vec::new();
+        for &i in &running {
+            lists.push(read_all(&c.url(i), topic).await?);
+        }
+        let first = lists[0].clone();
+        (first.len() as u64 >= top && lists.iter().all(|l| *l == first)).then_some(first)
+    })
+    .await;
+    for (i, (seq, _)) in log.iter().enumerate() {
+        assert_eq!(*seq, i as u64 + 1, "sequences are contiguous from 1");
+    }
+    let mut seen = HashSet::new();
+    for (_, id) in &log {
+        assert!(seen.insert(id.as_str()), "id {id} stored twice");
+    }
+    for (id, seq) in acked {
+        assert_eq!(
+            log.get(*seq as usize - 1).map(|(_, i)| i.as_str()),
+            Some(id.as_str()),
+            "acked {id} is stored at the sequence the client reported, {seq}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_seeded_with_a_follower_follows_redirects_and_caches_the_leader() {
+    let c = Cluster::start(Options::default()).await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let follower = (leader + 1) % 3;
+    let client = Client::new([c.url(follower)]).expect("client");
+
+    let created = client.create_topic("orders", None).await.expect("create");
+    assert!(created.created, "{created:?}");
+    assert_eq!(
+        client.cached_leader(),
+        Some(format!("{}/", c.url(leader))),
+        "the redirect named the leader and the client cached it"
+    );
+    let first = client.publish("orders", json!({"order_id": "ORD-1"})).await.expect("publish");
+    assert_eq!((first.sequence, first.committed, first.duplicate), (Some(1), true, false));
+    let second = client
+        .publish_message("orders", NewMessage::new(json!({"order_id": "ORD-2"})).with_id("ord-2"), AckMode::Committed)
+        .await
+        .expect("publish");
+    assert_eq!((second.id.as_str(), second.sequence), ("ord-2", Some(2)));
+
+    // Publishing the same id again is the caller's mistake, not a retry: an error.
+    let again = client.publish_message("orders", NewMessage::new(json!({})).with_id("ord-2"), AckMode::Committed).await;
+    match again {
+        Err(Error::Api(api)) => assert_eq!(api.existing_sequence(), Some(2), "{api}"),
+        other => panic!("a reused id must be refused, got {other:?}"),
+    }
+
+    // `/cluster` teaches the client every peer, not only its one seed.
+    client.cluster().await.expect("cluster");
+    assert_eq!(client.nodes().len(), 3, "{:?}", client.nodes());
+    let log = wait_until("the follower applied both", CONVERGE, || async {
+        read_all(&c.url(follower), "orders").await.filter(|l| l.len() == 2)
+    })
+    .await;
+    assert_eq!(log[1], (2, "ord-2".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_across_a_leader_kill_publish_each_acked_message_exactly_once() {
+    let mut c = Cluster::start(Options::default()).await;
+    let client = patient_client(c.urls());
+    client.create_topic("t", None).await.expect("create");
+
+    let acked: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let duplicates = Arc::new(Mutex::new(0usize));
+    let failed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = (0..8)
+        .map(|p| {
+            let (client, acked, duplicates, failed, stop) =
+                (client.clone(), acked.clone(), duplicates.clone(), failed.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let id = format!("p{p}-{n}");
+                    let message = NewMessage::new(json!({"p": p, "n": n})).with_id(&id);
+                    match client.publish_message("t", message, AckMode::Committed).await {
+                        Ok(ack) => {
+                            let seq = ack.sequence.expect("a committed ack has a sequence");
+                            assert_eq!(ack.id, id);
+                            if ack.duplicate {
+                                *duplicates.lock().unwrap() += 1;
+                            }
+                            acked.lock().unwrap().insert(id, seq);
+                        }
+                        Err(e) => failed.lock().unwrap().push(format!("{id}: {e}")),
+                    }
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let acks_reach = |n: usize| {
+        let acked = acked.clone();
+        async move {
+            wait_until("publishes acknowledged", CONVERGE, || async {
+                (acked.lock().unwrap().len() >= n).then_some(())
+            })
+            .await
+        }
+    };
+    acks_reach(50).await;
+
+    let old = c.wait_leader(CONVERGE).await;
+    c.kill(old);
+    let before = acked.lock().unwrap().len();
+    acks_reach(before + 50).await;
+    c.restart(old);
+    c.wait_leader(CONVERGE).await;
+    let before = acked.lock().unwrap().len();
+    acks_reach(before + 20).await;
+    stop.store(true, Ordering::Relaxed);
+    for p in publishers {
+        p.await.expect("publisher");
+    }
+
+    let failed = failed.lock().unwrap().clone();
+    assert!(failed.is_empty(), "publishes failed: {failed:?}");
+    let acked = acked.lock().unwrap().clone();
+    assert_exactly_once(&c, "t", &acked).await;
+    eprintln!(
+        "{} acked, {} of them reported as duplicates of an earlier attempt",
+        acked.len(),
+        duplicates.lock().unwrap()
+    );
+}
+
+/// Reads `sub` until it has delivered `last`; every delivered (sequence, id), in order.
+async fn collect_until(sub: &mut Subscription, last: u64) -> Vec<(u64, String)> {
+    let mut got = Vec::new();
+    while got.last().map(|(s, _)| *s) != Some(last) {
+        let event = tokio::time::timeout(CONVERGE, sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("no event for {CONVERGE:?}; delivered {got:?}"));
+        match event {
+            Some(Ok(Event::Message(m))) => got.push((m.sequence, m.id)),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("subscription error after {got:?}: {e}"),
+            None => panic!("subscription ended after {got:?}"),
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_survives_a_leader_kill_and_a_restart_of_its_node_without_gap_or_duplicate() {
+    let mut c = Cluster::start(Options::default()).await;
+    let publisher = patient_client(c.urls());
+    publisher.create_topic("t", None).await.expect("create");
+    let leader = c.wait_leader(CONVERGE).await;
+    let home = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    wait_until("the follower knows the topic", CONVERGE, || async {
+        let (status, _) = get_json(&format!("{}/topics/t", c.url(home))).await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+
+    // The subscriber's first seed is where its first connection goes: a follower.
+    let subscriber = patient_client(vec![c.url(home), c.url(leader), c.url(other)]);
+    let mut sub =
+        subscriber.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await.expect("subscribe");
+    assert_eq!(sub.subscribed_cursor(), Some(0));
+    let connected_to_home = get_json(&format!("{}/topics/t/subscribers", c.url(home))).await.expect("subscribers").1;
+    assert!(
+        connected_to_home["subscribers"].as_array().is_some_and(|l| l.iter().any(|s| s["subscriber_id"] == "s")),
+        "the subscription is connected to node {home}: {connected_to_home}"
+    );
+
+    let mut next = 0u64;
+    let mut publish = |count: u64| {
+        let publisher = publisher.clone();
+        let from = next + 1;
+        next += count;
+        async move {
+            for n in from..from + count {
+                let ack = publisher
+                    .publish_message("t", NewMessage::new(json!(n)).with_id(format!("m{n}")), AckMode::Committed)
+                    .await
+                    .expect("publish");
+                assert_eq!(ack.sequence, Some(n), "published one at a time, in order");
+            }
+        }
+    };
+
+    publish(10).await;
+    // Leader kill: publishes wait for the election; the subscription stays on its follower.
+    c.kill(leader);
+    publish(10).await;
+    c.restart(leader);
+    c.wait_leader(CONVERGE).await;
+    publish(10).await;
+    // The subscription's own node goes away (SIGTERM: close code 1001) and comes back.
+    assert_eq!(c.terminate(home), Some(0));
+    publish(10).await;
+    c.restart(home);
+    c.wait_leader(CONVERGE).await;
+    publish(10).await;
+
+    let delivered = collect_until(&mut sub, next).await;
+    let sequences: Vec<u64> = delivered.iter().map(|(s, _)| *s).collect();
+    assert_eq!(sequences, (1..=next).collect::<Vec<_>>(), "each once, in order");
+    let stored = read_all(&c.url(leader), "t").await.expect("read");
+    assert_eq!(delivered, stored, "the stream carries the stored messages");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
+    let c = Cluster::start(Options::default()).await;
+    let client = patient_client(c.urls());
+    client.create_topic("t", None).await.expect("create");
+    for n in 1..=10 {
+        client.publish("t", json!(n)).await.expect("publish");
+    }
+
+    // A subscriber that never acked starts at 0.
+    let fresh = client.subscribe("t", SubscribeOptions::new("new").cursor(Cursor::Acked)).await.expect("subscribe");
+    assert_eq!(fresh.subscribed_cursor(), Some(0));
+    drop(fresh);
+
+    let mut sub =
+        client.subscribe("t", SubscribeOptions::new("billing").cursor(Cursor::After(0))).await.expect("subscribe");
+    let first = collect_until(&mut sub, 10).await;
+    assert_eq!(first.len(), 10);
+    sub.ack(6);
+    sub.close().await;
+
+    // Acks are coalesced (flushed every 100 ms) and replicated: wait until every node has it,
+    // since the next subscription may land on any of them.
+    for i in 0..3 {
+        let url = format!("{}/topics/t/subscribers", c.url(i));
+        wait_until("the ack is recorded on every node", CONVERGE, || async {
+            let (_, body) = get_json(&url).await.ok()?;
+            body["subscribers"]
+                .as_array()?
+                .iter()
+                .any(|s| s["subscriber_id"] == "billing" && s["acked_sequence"] == 6)
+                .then_some(())
+        })
+        .await;
+    }
+    let listed = client.subscribers("t").await.expect("subscribers");
+    let billing = listed.iter().find(|s| s.subscriber_id == "billing").expect("billing listed");
+    assert_eq!((billing.acked_sequence, billing.lag), (6, 4));
+
+    let mut resumed =
+        client.subscribe("t", SubscribeOptions::new("billing").cursor(Cursor::Acked)).await.expect("resubscribe");
+    assert_eq!(resumed.subscribed_cursor(), Some(6));
+    client.publish("t", json!(11)).await.expect("publish");
+    let rest: Vec<u64> = collect_until(&mut resumed, 11).await.into_iter().map(|(s, _)| s).collect();
+    assert_eq!(rest, vec![7, 8, 9, 10, 11]);
+}
+
+/// One run of the `pubsub` CLI: (exit code, stdout, stderr).
+async fn pubsub(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(cli_binary());
+    cmd.args(args)
+        .env_remove("PUBSUB_SERVER")
+        .env_remove("PUBSUB_ATTEMPTS")
+        .env("RUST_LOG", "warn")
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn pubsub");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(text.as_bytes()).await.expect("write stdin");
+        drop(pipe);
+    }
+    let out = tokio::time::timeout(CONVERGE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("pubsub {args:?} did not finish"))
+        .expect("pubsub output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
+    let c = Cluster::start(Options::default()).await;
+    let servers = c.urls().join(",");
+    let s = servers.as_str();
+
+    let (code, out, err) = pubsub(&["-s", s, "topics", "create", "orders"], None).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("created topic orders"), "{out}");
+
+    let (code, out, err) = pubsub(&["-s", s, "publish", "orders", r#"{"order_id":"ORD-1"}"#], None).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("published to orders as #1"), "{out}");
+
+    let lines = "{\"order_id\":\"ORD-2\"}\n\n{\"order_id\":\"ORD-3\"}\nplain text\n";
+    let (code, out, err) = pubsub(&["-s", s, "--json", "publish", "orders", "-"], Some(lines)).await;
+    assert_eq!(code, 0, "{err}");
+    let acks: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).expect("one JSON ack per line")).collect();
+    let sequences: Vec<u64> = acks.iter().filter_map(|a| a["sequence"].as_u64()).collect();
+    assert_eq!(sequences, vec![2, 3, 4], "blank lines are skipped: {out}");
+
+    let (code, out, err) = pubsub(&["-s", s, "topics", "list", "--json"], None).await;
+    assert_eq!(code, 0, "{err}");
+    let topics: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).expect("one JSON topic per line")).collect();
+    assert_eq!(topics.len(), 1, "{out}");
+    assert_eq!((topics[0]["name"].as_str(), topics[0]["message_count"].as_u64()), (Some("orders"), Some(4)));
+
+    let (code, out, err) = pubsub(&["-s", s, "read", "orders"], None).await;
+    assert_eq!(code, 0, "{err}");
+    let printed: Vec<&str> = out.lines().collect();
+    assert_eq!(printed.len(), 4, "{out}");
+    assert!(printed[0].starts_with("#1 ") && printed[0].ends_with(r#"{"order_id":"ORD-1"}"#), "{out}");
+    assert!(printed[3].starts_with("#4 ") && printed[3].ends_with(r#""plain text""#), "{out}");
+    let (code, out, _) = pubsub(&["-s", s, "--json", "read", "orders", "--after", "2"], None).await;
+    assert_eq!(code, 0);
+    let page: Value = serde_json::from_str(out.trim()).expect("a JSON page");
+    assert_eq!(page["next_cursor"], 4);
+    assert_eq!(page["messages"][0]["payload"], json!({"order_id": "ORD-3"}));
+
+    // The server refuses: exit 1 with its error code.
+    let (code, _, err) = pubsub(&["-s", s, "publish", "missing", "{}"], None).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("topic_not_found"), "{err}");
+    let (code, _, err) = pubsub(&["-s", s, "--json", "read", "missing"], None).await;
+    assert_eq!(code, 1, "{err}");
+    let error: Value = serde_json::from_str(err.trim()).expect("a JSON error");
+    assert_eq!(error["error"], "topic_not_found");
+
+    // Nothing listens: exit 3, quickly with a small retry budget.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").to_string();
+    let started = std::time::Instant::now();
+    let (code, _, err) = pubsub(&["-s", &dead, "--attempts", "2", "--timeout-ms", "500", "topics", "list"], None).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("unreachable"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
