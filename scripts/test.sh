@@ -28,7 +28,7 @@ else
 fi
 
 echo "==> running the tests"
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast
 
 echo "==> running the deterministic simulation"
 scripts/sim.sh

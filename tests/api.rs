@@ -401,3 +401,46 @@ async fn a_single_node_with_no_peers_is_a_working_cluster() {
     let r = post(&format!("{l}/topics/t/messages"), &json!({"payload": 1})).await.unwrap();
     assert_eq!(r.status, 201);
 }
+
+#[tokio::test]
+async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    let f = follower_url(&c).await;
+    post_raw(&format!("{l}/topics/w"), "").await.unwrap();
+    let r = get(&format!("{f}/topics/w/publish")).await.unwrap();
+    assert_eq!(r.status, 307, "only the leader takes publishes");
+    let mut ws = ws_connect(&l, "/topics/w/publish").await;
+    for i in 0..50 {
+        let frame = json!({"type": "publish", "ref": i, "id": format!("m{i}"), "payload": {"i": i}});
+        ws.send(Message::Text(frame.to_string().into())).await.unwrap();
+    }
+    ws.send(Message::Text(json!({"type": "publish", "ref": "dup", "id": "m0", "payload": 1}).to_string().into()))
+        .await
+        .unwrap();
+    ws.send(Message::Text("not json".into())).await.unwrap();
+    let mut sequences = std::collections::BTreeMap::new();
+    let mut errors = Vec::new();
+    while sequences.len() + errors.len() < 52 {
+        let frame = next_frame(&mut ws).await;
+        match frame["type"].as_str() {
+            Some("ack") => {
+                sequences.insert(frame["ref"].as_u64().unwrap(), frame["sequence"].as_u64().unwrap());
+            }
+            Some("error") => errors.push(frame),
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+    let mut seqs: Vec<u64> = sequences.values().copied().collect();
+    seqs.sort();
+    assert_eq!(seqs, (1..=50).collect::<Vec<u64>>());
+    let dup = errors.iter().find(|e| e["ref"] == "dup").expect("duplicate answered");
+    assert_eq!((&dup["error"], &dup["existing_sequence"]), (&json!("duplicate_message_id"), &json!(sequences[&0])));
+    assert!(errors.iter().any(|e| e["ref"].is_null() && e["error"] == "invalid_request"));
+    // Every acked message is readable with the sequence it was acked with.
+    let (_, body) = http::get_json(&format!("{l}/topics/w/messages?after=0&limit=100")).await.unwrap();
+    for m in body["messages"].as_array().unwrap() {
+        let i = m["payload"]["i"].as_u64().unwrap();
+        assert_eq!(m["sequence"].as_u64().unwrap(), sequences[&i]);
+    }
+}

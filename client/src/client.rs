@@ -16,7 +16,20 @@ use crate::types::{
     RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList, TopicSummary,
 };
 
-/// Everything a [`Client`] can be tuned with. Build it with [`ClientBuilder`].
+/// Everything a [`Client`] can be tuned with. Build it with [`ClientBuilder`], or start from
+/// [`ClientConfig::new`] and change fields.
+///
+/// ```
+/// use pubsub_client::{Client, ClientConfig};
+/// use std::time::Duration;
+///
+/// let mut config = ClientConfig::new(["127.0.0.1:8081"]);
+/// config.retry.attempts_max = 3;
+/// config.subscribe_idle_timeout = Duration::from_secs(60);
+/// let client = Client::with_config(config)?;
+/// assert_eq!(client.config().retry.attempts_max, 3);
+/// # Ok::<(), pubsub_client::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Addresses to start from (`host:port` or `http://host:port`); the cluster's `peers`
@@ -321,18 +334,47 @@ impl Client {
     }
 
     /// Active topics.
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// for topic in client.list_topics().await? {
+    ///     println!("{}: {} messages", topic.name, topic.message_count);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn list_topics(&self) -> Result<Vec<TopicSummary>, Error> {
         let list: TopicList = self.execute(&Call::new(Method::GET, &["topics"], false)).await?.parse()?;
         Ok(list.topics)
     }
 
     /// One topic's counters and metadata; `404 topic_not_found` when it does not exist.
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// use pubsub_client::{Error, ErrorCode};
+    /// match client.get_topic("orders").await {
+    ///     Ok(info) => println!("last sequence {}", info.current_sequence),
+    ///     Err(Error::Api(e)) if e.code == ErrorCode::TopicNotFound => println!("no such topic"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn get_topic(&self, name: &str) -> Result<TopicInfo, Error> {
         self.execute(&Call::new(Method::GET, &["topics", name], false)).await?.parse()
     }
 
     /// Deletes a topic. When an earlier attempt of this same call may have deleted it and a
     /// retry then finds it missing, that is reported as success with `raft_index: None`.
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// let ack = client.delete_topic("orders").await?;
+    /// assert!(ack.deleted);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn delete_topic(&self, name: &str) -> Result<DeleteTopicAck, Error> {
         let reply = self.execute(&Call::new(Method::DELETE, &["topics", name], true)).await?;
         if reply.status == 404 && reply.maybe_applied {
@@ -478,6 +520,15 @@ impl Client {
     }
 
     /// Subscribers of a topic with their acked sequence and lag.
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// for s in client.subscribers("orders").await? {
+    ///     println!("{} acked #{}, {} behind", s.subscriber_id, s.acked_sequence, s.lag);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn subscribers(&self, topic: &str) -> Result<Vec<SubscriberInfo>, Error> {
         let list: SubscriberList =
             self.execute(&Call::new(Method::GET, &["topics", topic, "subscribers"], false)).await?.parse()?;

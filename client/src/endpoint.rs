@@ -9,6 +9,17 @@ use reqwest::Url;
 use crate::error::Error;
 
 /// Where a subscription starts (API.md §5).
+///
+/// ```
+/// use pubsub_client::{Cursor, SubscribeOptions};
+///
+/// // Replay the whole retained topic, then follow it live.
+/// let everything = SubscribeOptions::new("audit").cursor(Cursor::After(0));
+/// // Resume where this subscriber's last ack left off.
+/// let resume = SubscribeOptions::new("billing").cursor(Cursor::Acked);
+/// assert_eq!(SubscribeOptions::new("x").cursor, Cursor::Latest);
+/// # let _ = (everything, resume);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cursor {
     /// Only messages committed after subscribing (no `cursor` parameter).

@@ -167,6 +167,20 @@ impl ApiError {
 ///
 /// A CLI maps it to exit codes with [`Error::is_unreachable`]: `Api` means the server said
 /// no; `NoLeader`, `Unreachable` and `Timeout` mean the cluster could not be reached.
+///
+/// ```no_run
+/// use pubsub_client::{Client, Error, ErrorCode};
+/// use serde_json::json;
+///
+/// # async fn run(client: Client) {
+/// match client.publish("orders", json!({"n": 1})).await {
+///     Ok(ack) => println!("#{:?}", ack.sequence),
+///     Err(Error::Api(e)) if e.code == ErrorCode::TopicNotFound => eprintln!("create it first"),
+///     Err(e) if e.is_unreachable() => eprintln!("cluster down, try later: {e}"),
+///     Err(e) => eprintln!("refused: {e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -86,6 +86,31 @@ pub enum Event {
 ///
 /// Acks are coalesced: only the highest sequence matters, it is sent on the current
 /// connection and sent again after every reconnect.
+///
+/// ```no_run
+/// use futures_util::StreamExt;
+/// use pubsub_client::{Client, Cursor, Event, SubscribeOptions};
+///
+/// # async fn run(client: Client) -> Result<(), pubsub_client::Error> {
+/// let opts = SubscribeOptions::new("worker").cursor(Cursor::Acked);
+/// let mut sub = client.subscribe("jobs", opts).await?;
+/// let acker = sub.acker();
+/// let (jobs, mut queue) = tokio::sync::mpsc::channel::<pubsub_client::Message>(100);
+/// // A worker handles jobs in order and acks each one when it is done.
+/// tokio::spawn(async move {
+///     while let Some(job) = queue.recv().await {
+///         println!("done with #{}", job.sequence);
+///         acker.ack(job.sequence);
+///     }
+/// });
+/// while let Some(Ok(Event::Message(job))) = sub.next().await {
+///     if jobs.send(job).await.is_err() {
+///         break;
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Acker {
     /// The highest sequence acked so far; the subscription task watches it.

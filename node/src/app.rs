@@ -5,9 +5,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
-use raft_store::typ::{ClientWriteResponse, Raft};
+use raft_store::typ::Raft;
 use raft_store::{NodeId, Request, StoreReader};
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +15,7 @@ use crate::error::ApiError;
 use crate::limits::WRITE_TIMEOUT;
 use crate::metrics::Metrics;
 use crate::net::Env;
+use crate::propose::{Committed, ProposeFailure};
 use crate::raft::network::PeerPool;
 use crate::subscribe::acks::AckCoalescer;
 
@@ -24,6 +24,8 @@ pub type SharedApp = Arc<App>;
 pub struct App {
     pub config: Config,
     pub raft: Raft,
+    /// Batches this node's writes into Raft entries while it leads.
+    pub proposer: crate::propose::Proposer,
     /// Applied state: what every read and subscription serves from.
     pub reader: StoreReader,
     /// Highest commit index this node knows (from the log store).
@@ -98,28 +100,26 @@ impl App {
     }
 
     /// Proposes `request` and waits until it is committed on a majority and applied here.
-    pub async fn write(&self, request: Request, path_and_query: &str) -> Result<ClientWriteResponse, ApiError> {
+    pub async fn write(&self, request: Request, path_and_query: &str) -> Result<Committed, ApiError> {
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await;
+        let result = tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(request)).await;
         self.metrics.observe_commit(started.elapsed());
         match result {
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                match (f.leader_id, f.leader_node) {
-                    (Some(id), Some(node)) if id != self.id() => Err(ApiError::NotLeader {
-                        leader_id: id,
-                        leader_address: node.addr,
-                        path_and_query: path_and_query.into(),
-                    }),
-                    // Leadership was lost while the entry was in flight: it may or may not
-                    // commit under the next leader. The client retries with the same id.
-                    (None, _) => Err(ApiError::NoLeader),
-                    _ => Err(ApiError::NotCommitted("leadership changed before the entry committed".into())),
-                }
-            }
-            Ok(Err(RaftError::APIError(e))) => Err(ApiError::NotCommitted(e.to_string())),
-            Ok(Err(RaftError::Fatal(e))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
+            Ok(Ok(committed)) => Ok(committed),
+            Ok(Err(ProposeFailure::ForwardToLeader { leader_id, leader_node })) => match (leader_id, leader_node) {
+                (Some(id), Some(node)) if id != self.id() => Err(ApiError::NotLeader {
+                    leader_id: id,
+                    leader_address: node.addr,
+                    path_and_query: path_and_query.into(),
+                }),
+                // Leadership was lost while the entry was in flight: it may or may not
+                // commit under the next leader. The client retries with the same id.
+                (None, _) => Err(ApiError::NoLeader),
+                _ => Err(ApiError::NotCommitted("leadership changed before the entry committed".into())),
+            },
+            Ok(Err(ProposeFailure::Other(e))) => Err(ApiError::NotCommitted(e)),
+            Ok(Err(ProposeFailure::Fatal(e))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
         }
     }
 
@@ -164,9 +164,9 @@ impl App {
     /// client writes, which are redirected so the client knows the leader.
     pub async fn propose_anywhere(&self, request: Request) -> Result<raft_store::Response, ProposeError> {
         match self.leadership() {
-            Leadership::Me => match tokio::time::timeout(WRITE_TIMEOUT, self.raft.client_write(request)).await {
-                Ok(Ok(r)) => Ok(r.data),
-                Ok(Err(e)) => Err(ProposeError::Failed(e.to_string())),
+            Leadership::Me => match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(request)).await {
+                Ok(Ok(committed)) => Ok(committed.response),
+                Ok(Err(e)) => Err(ProposeError::Failed(format!("{e:?}"))),
                 Err(_) => Err(ProposeError::Failed("timed out".into())),
             },
             Leadership::Other { id, addr } => {

@@ -4,6 +4,7 @@
 //! - [`config`]: flags with environment twins, validated into a [`Config`].
 //! - [`net`]: the seams to the outside world (dialer, clock), swapped by the simulation.
 //! - [`app`]: state shared by all handlers; leadership and write helpers.
+//! - [`propose`]: the leader's proposer, batching concurrent writes into one Raft entry.
 //! - [`api`]: the HTTP client API (axum routes), one module per resource.
 //! - [`subscribe`]: WebSocket subscriptions and coalesced acks.
 //! - [`raft`]: Raft RPC over one multiplexed WebSocket per peer (client and server side).
@@ -21,6 +22,7 @@ pub mod error;
 pub mod limits;
 pub mod metrics;
 pub mod net;
+pub mod propose;
 pub mod raft;
 pub mod subscribe;
 
@@ -78,6 +80,7 @@ where
     let app = Arc::new(App {
         config: config.clone(),
         raft: raft.clone(),
+        proposer: propose::Proposer::spawn(raft.clone()),
         reader: store.reader,
         committed_index,
         env,

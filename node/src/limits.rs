@@ -19,6 +19,13 @@ pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Body of topic creation (metadata).
 pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 
+/// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
+/// and writes waiting for the proposer (see `propose.rs`).
+pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
+pub const PROPOSAL_BYTES_MAX: usize = 8 * 1024 * 1024;
+pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
+pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
+
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 

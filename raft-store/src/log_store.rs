@@ -116,7 +116,9 @@ fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
         waiting.extend(queue.try_iter());
+        let started = std::time::Instant::now();
         let result = db.flush_wal(true);
+        tracing::trace!(appends = waiting.len(), fsync_us = started.elapsed().as_micros() as u64, "log fsync");
         for callback in waiting {
             let outcome = match &result {
                 Ok(()) => Ok(()),
@@ -213,7 +215,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         match &self.syncer {
             Some(syncer) => {
+                let started = std::time::Instant::now();
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+                tracing::trace!(write_us = started.elapsed().as_micros() as u64, "append write");
                 syncer.send(callback).map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
             }
             None => {

@@ -54,6 +54,16 @@ pub fn apply(
         Request::Publish { topic, messages, now_ms } => publish(topics, store, topic, messages, *now_ms),
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
         Request::Tick { now_ms } => tick(topics, store, *now_ms),
+        Request::Batch(requests) => {
+            let mut responses = Vec::with_capacity(requests.len());
+            let mut changed = Vec::new();
+            for request in requests {
+                let (response, touched) = apply(topics, store, request)?;
+                responses.push(response);
+                changed.extend(touched);
+            }
+            Ok((Response::Batch(responses), changed))
+        }
     }
 }
 
@@ -405,6 +415,18 @@ pub(crate) mod tests {
         assert_eq!(t.by_name["a"].first_sequence, 1 + TRIM_PER_COMMAND_MAX);
         run(&mut t, &mut s, publish_at("a", &["last2"], 6));
         assert_eq!(t.by_name["a"].message_count(), 1);
+    }
+
+    #[test]
+    fn a_batch_applies_like_its_commands_one_by_one() {
+        let commands =
+            vec![create("a", Retention::default()), publish_at("a", &["x", "y"], 5), publish_at("a", &["x"], 5)];
+        let (mut t1, mut s1) = (Topics::default(), MemStore::default());
+        let one_by_one: Vec<Response> = commands.iter().map(|c| run(&mut t1, &mut s1, c.clone())).collect();
+        let (mut t2, mut s2) = (Topics::default(), MemStore::default());
+        assert_eq!(run(&mut t2, &mut s2, Request::Batch(commands)), Response::Batch(one_by_one));
+        assert_eq!(t1, t2);
+        assert_eq!(s1.messages, s2.messages);
     }
 
     #[test]

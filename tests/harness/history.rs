@@ -72,6 +72,15 @@ impl History {
                     out.push(Violation::NotContiguous { node: node.clone(), after: pair[0].0, next: pair[1].0 });
                 }
             }
+            let mut seen: HashMap<&str, Vec<u64>> = HashMap::new();
+            for (seq, id) in log {
+                seen.entry(id).or_default().push(*seq);
+            }
+            for (id, seqs) in seen {
+                if seqs.len() > 1 {
+                    out.push(Violation::DuplicateId { id: id.to_string(), sequences: seqs });
+                }
+            }
             if let Some((other, longest)) = reference {
                 let by_seq: HashMap<u64, &String> = longest.iter().map(|(s, id)| (*s, id)).collect();
                 if let Some((seq, _)) = log.iter().find(|(s, id)| by_seq.get(s).is_some_and(|o| *o != id)) {
@@ -83,11 +92,6 @@ impl History {
             let mut positions: HashMap<&str, Vec<u64>> = HashMap::new();
             for (seq, id) in log {
                 positions.entry(id).or_default().push(*seq);
-            }
-            for (id, seqs) in &positions {
-                if seqs.len() > 1 {
-                    out.push(Violation::DuplicateId { id: id.to_string(), sequences: seqs.clone() });
-                }
             }
             for (id, acked) in &self.acked {
                 let found = positions.get(id.as_str()).and_then(|s| s.first().copied());

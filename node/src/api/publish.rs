@@ -145,12 +145,12 @@ pub async fn publish(
     let written = app.write(request, &where_).await;
     drop(guard);
     let written = written.inspect_err(|_| app.metrics.count_publish("error", 1))?;
-    match written.data {
+    match written.response {
         SmResponse::Published { results } => match results.first() {
             Some(PublishResult::Stored { sequence }) => {
                 app.metrics.count_publish("stored", 1);
                 let body = json!({"id": id, "topic": topic, "sequence": sequence,
-                                  "raft_index": written.log_id.index, "committed": true});
+                                  "raft_index": written.log_index, "committed": true});
                 Ok((StatusCode::CREATED, Json(body)).into_response())
             }
             Some(PublishResult::Duplicate { existing_sequence }) => {
@@ -184,7 +184,7 @@ pub async fn batch(
     let request = Request::Publish { topic: topic.clone(), messages, now_ms: app.now_ms() };
     let written =
         app.write(request, &where_).await.inspect_err(|_| app.metrics.count_publish("error", ids.len() as u64))?;
-    let SmResponse::Published { results } = written.data else {
+    let SmResponse::Published { results } = written.response else {
         return Err(ApiError::TopicNotFound(topic));
     };
     let results: Vec<Value> = ids
@@ -200,7 +200,7 @@ pub async fn batch(
     let stored = results.iter().filter(|r| r.get("sequence").is_some()).count() as u64;
     app.metrics.count_publish("stored", stored);
     app.metrics.count_publish("duplicate", results.len() as u64 - stored);
-    let body = json!({"topic": topic, "results": results, "raft_index": written.log_id.index, "committed": true});
+    let body = json!({"topic": topic, "results": results, "raft_index": written.log_index, "committed": true});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 

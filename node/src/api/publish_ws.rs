@@ -131,11 +131,11 @@ async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Res
     }
     let request = Request::Publish { topic: topic.to_string(), messages: vec![message], now_ms: app.now_ms() };
     let written = app.write(request, &format!("/topics/{topic}/publish")).await?;
-    match written.data {
+    match written.response {
         SmResponse::Published { results } => match results.first() {
             Some(PublishResult::Stored { sequence }) => {
                 app.metrics.count_publish("stored", 1);
-                Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_id.index}))
+                Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_index}))
             }
             Some(PublishResult::Duplicate { existing_sequence }) => {
                 Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(*existing_sequence) })

@@ -71,8 +71,8 @@ pub async fn create(
     }
     let request = Request::CreateTopic { topic: name.clone(), metadata, retention, now_ms: app.now_ms() };
     let written = app.write(request, &input::path_and_query(&uri)).await?;
-    let created = matches!(written.data, SmResponse::TopicCreated { created: true });
-    let (status, raft_index) = if created { (StatusCode::CREATED, written.log_id.index) } else { (StatusCode::OK, 0) };
+    let created = matches!(written.response, SmResponse::TopicCreated { created: true });
+    let (status, raft_index) = if created { (StatusCode::CREATED, written.log_index) } else { (StatusCode::OK, 0) };
     Ok((status, Json(json!({"topic": name, "created": created, "raft_index": raft_index}))).into_response())
 }
 
@@ -114,10 +114,8 @@ pub async fn delete(
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &name)?;
     let written = app.write(Request::DeleteTopic { topic: name.clone() }, &input::path_and_query(&uri)).await?;
-    match written.data {
-        SmResponse::TopicDeleted => {
-            Ok(Json(json!({"topic": name, "deleted": true, "raft_index": written.log_id.index})))
-        }
+    match written.response {
+        SmResponse::TopicDeleted => Ok(Json(json!({"topic": name, "deleted": true, "raft_index": written.log_index}))),
         _ => Err(ApiError::TopicNotFound(name)),
     }
 }

@@ -6,7 +6,6 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
-use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::mpsc;
 
 use super::codec::{decode, encode, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
@@ -96,10 +95,10 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
 }
 
 async fn forward(app: &SharedApp, req: raft_store::Request) -> Result<ForwardReply, ForwardError> {
-    match tokio::time::timeout(WRITE_TIMEOUT, app.raft.client_write(req)).await {
+    match tokio::time::timeout(WRITE_TIMEOUT, app.proposer.propose(req)).await {
         Err(_) => Err(ForwardError::Timeout),
-        Ok(Ok(r)) => Ok(ForwardReply { log_index: r.log_id.index, response: r.data }),
-        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
-        Ok(Err(e)) => Err(ForwardError::Failed(e.to_string())),
+        Ok(Ok(c)) => Ok(ForwardReply { log_index: c.log_index, response: c.response }),
+        Ok(Err(crate::propose::ProposeFailure::ForwardToLeader { .. })) => Err(ForwardError::NotLeader),
+        Ok(Err(e)) => Err(ForwardError::Failed(format!("{e:?}"))),
     }
 }
