@@ -28,7 +28,11 @@ else
 fi
 
 echo "==> running the tests"
-cargo test --release --workspace --no-fail-fast
+# The Docker fault test runs on its own below, with its report printed.
+cargo test --release --workspace --no-fail-fast -- --skip docker_faults_
+
+echo "==> running the Docker fault tests"
+cargo test --release -p pubsub-tests --test docker_faults -- --nocapture
 
 echo "==> running the deterministic simulation"
 scripts/sim.sh
