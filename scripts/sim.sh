@@ -9,7 +9,7 @@
 #   SIM_SEED=42 scripts/sim.sh ci_seeds_three_nodes  replay one seed
 set -euo pipefail
 cd "$(dirname "$0")/.."
-main_target="${CARGO_TARGET_DIR:-$HOME/.cache/pubsub-raft/target}"
+main_target="${CARGO_TARGET_DIR:-$PWD/target}"
 rocksdb_lib=$(ls "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1 || true)
 if [ -z "$rocksdb_lib" ]; then
   echo "==> building RocksDB once in the main target directory"

@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# One warm build directory outside the clone, shared by every checkout on this machine.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pubsub-raft/target}"
+# The repository's target/ unless CARGO_TARGET_DIR says otherwise (CI points it outside the
+# clone so every fresh clone reuses one warm RocksDB build).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$CARGO_TARGET_DIR"
 
 need_apt=()
