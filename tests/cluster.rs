@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use pubsub_tests::http::{get, post, post_raw};
+use pubsub_tests::http::{post, post_raw};
 use pubsub_tests::{publish_retrying, read_all, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
@@ -94,7 +94,11 @@ async fn leader_kill_loses_no_acked_publish() {
     let new = c.wait_leader(CONVERGE).await;
     assert_ne!(new, old);
     // Election timeout is 500–1000 ms here; allow generous scheduling slack.
-    assert!(killed_at.elapsed() < Duration::from_secs(10), "new leader took {:?}", killed_at.elapsed());
+    // Election timeout is 500–1000 ms here: a follower notices within one timeout and wins the
+    // vote within about another; allow for two busy cores.
+    let election = killed_at.elapsed();
+    eprintln!("new leader {election:?} after the kill");
+    assert!(election < Duration::from_secs(4), "new leader took {election:?}");
     let before = acked.lock().unwrap().len();
     wait_acks(&acked, before + 50).await;
 
@@ -174,6 +178,12 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let follower = (leader + 1) % 3;
+    let follower_url = c.url(follower);
+    wait_until("the follower applies the topic", CONVERGE, || async {
+        let (status, _) = pubsub_tests::http::get_json(&format!("{follower_url}/topics/t")).await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
     let ws_url = format!("ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0", c.nodes[follower].addr);
     let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
 
@@ -230,5 +240,4 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
     assert_eq!(close, Some(1001));
     let (_c, code) = exit.await.unwrap();
     assert_eq!(code, Some(0));
-    let _ = get("http://127.0.0.1:1/").await;
 }

@@ -16,6 +16,10 @@ pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
+/// Bytes of a too-large body read and dropped before answering 413, so the client gets the
+/// answer instead of a connection reset; beyond this the connection is simply closed.
+pub const BODY_DRAIN_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// Body of topic creation (metadata).
 pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::limits::{ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
+use crate::limits::{BODY_DRAIN_BYTES_MAX, ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
 
 /// The topic name from the path, checked against `[A-Za-z0-9._-]{1,255}`.
 pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -30,10 +30,29 @@ pub fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Resul
 }
 
 /// Reads a body of at most `limit` bytes; a larger one is `413 payload_too_large`.
+///
+/// The rest of a too-large body is read and dropped (up to [`BODY_DRAIN_BYTES_MAX`]) before
+/// answering: a client still sending when the server closes the connection would see a reset
+/// instead of the 413.
 pub async fn body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes")))
+    use futures_util::StreamExt;
+    let too_large = || ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"));
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
+        total += chunk.len();
+        if total <= limit {
+            buf.extend_from_slice(&chunk);
+        } else if total > limit.saturating_add(BODY_DRAIN_BYTES_MAX) {
+            break;
+        }
+    }
+    if total > limit {
+        return Err(too_large());
+    }
+    Ok(buf.freeze())
 }
 
 /// Parses a JSON body; an empty body is `None`.
