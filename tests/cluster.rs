@@ -241,3 +241,26 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
     let (_c, code) = exit.await.unwrap();
     assert_eq!(code, Some(0));
 }
+
+/// A follower that missed tens of MiB of log catches up from the log: AppendEntries are split
+/// small enough to complete within openraft's deadline (one heartbeat interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_catches_up_on_a_large_backlog() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "big").await;
+    let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
+    c.kill(follower);
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let mut acked = HashMap::new();
+    let pad = "x".repeat(4000);
+    for b in 0..80 {
+        let batch: Vec<Value> = (0..100).map(|i| json!({"id": format!("b{b}-{i}"), "payload": {"pad": pad}})).collect();
+        let r = post(&format!("{l}/topics/big/messages/batch"), &json!({"messages": batch})).await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        for res in r.body["results"].as_array().unwrap() {
+            acked.insert(res["id"].as_str().unwrap().to_string(), res["sequence"].as_u64().unwrap());
+        }
+    }
+    c.restart(follower);
+    assert_converged(&c, "big", &acked).await;
+}

@@ -26,7 +26,7 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
 /// and writes waiting for the proposer (see `propose.rs`).
 pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
-pub const PROPOSAL_BYTES_MAX: usize = 8 * 1024 * 1024;
+pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
 pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
 
@@ -75,9 +75,15 @@ pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);
 /// Subscribers listed by `GET /topics/:name/subscribers`.
 pub const SUBSCRIBERS_LIST_MAX: usize = 10_000;
 
-/// Largest Raft RPC message. An AppendEntries over it is split by openraft
-/// (`PayloadTooLarge`); a single entry is at most `BATCH_BODY_BYTES_MAX` plus overhead.
+/// Largest Raft RPC message the transport accepts; a single entry is at most
+/// `BATCH_BODY_BYTES_MAX` plus overhead.
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// AppendEntries with more than one entry are split (openraft's `PayloadTooLarge`) past this
+/// size. openraft gives an AppendEntries one heartbeat interval to complete, follower fsync
+/// included: a follower catching up on a large backlog must get it in pieces that fit, or it
+/// never catches up and the leader's heartbeats time out behind them.
+pub const APPEND_ENTRIES_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 /// A peer connection with requests waiting and nothing received for this long is dropped
 /// and re-dialed: a partition can stall a TCP connection forever without an error.
@@ -90,7 +96,7 @@ pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 pub const PEER_QUEUE_LEN: usize = 1024;
 
 /// Default Raft timings (each can be set by a flag).
-pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
+pub const HEARTBEAT_MS_DEFAULT: u64 = 250;
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
 /// Build a snapshot (and let the log be purged) after this many entries.
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 100_000;
@@ -111,6 +117,7 @@ mod tests {
     fn limits_relate_as_intended() {
         assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
         assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
+        assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
         assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
         assert!(SUBSCRIBE_PING_INTERVAL * 2 < SUBSCRIBE_IDLE_TIMEOUT);
         assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);

@@ -14,7 +14,7 @@ const MEMTABLES_BYTES_MAX: usize = 64 * 1024 * 1024;
 const BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// WAL kept before RocksDB flushes the column families holding it back: bounds replay time
 /// on restart.
-const WAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
+const WAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 pub fn open(path: &Path) -> Result<DB, StoreError> {
     std::fs::create_dir_all(path)?;

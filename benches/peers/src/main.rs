@@ -151,12 +151,9 @@ where
 
 async fn run_nats(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
     use async_nats::jetstream::{self, stream};
-    let addrs: Vec<async_nats::ServerAddr> =
-        a.servers.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
-    let client = async_nats::ConnectOptions::new()
-        .request_timeout(Some(Duration::from_secs(10)))
-        .connect(addrs)
-        .await?;
+    let addrs: Vec<async_nats::ServerAddr> = a.servers.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
+    let client =
+        async_nats::ConnectOptions::new().request_timeout(Some(Duration::from_secs(10))).connect(addrs).await?;
     let js = jetstream::new(client);
     let subject = format!("{}.msgs", a.stream.to_lowercase());
     let config = stream::Config {
@@ -223,10 +220,8 @@ async fn etcd_leader(http: &reqwest::Client, servers: &[String]) -> Result<Strin
 }
 
 async fn run_etcd(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(a.concurrency)
-        .timeout(Duration::from_secs(10))
-        .build()?;
+    let http =
+        reqwest::Client::builder().pool_max_idle_per_host(a.concurrency).timeout(Duration::from_secs(10)).build()?;
     let leader = retry("find the etcd leader", Duration::from_secs(30), || etcd_leader(&http, &a.servers)).await?;
     eprintln!("peers-bench: etcd leader {leader}");
     let url: Arc<str> = format!("{leader}/v3/kv/put").into();

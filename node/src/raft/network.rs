@@ -28,7 +28,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
-use crate::limits::{PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX};
+use crate::limits::{
+    APPEND_ENTRIES_BYTES_MAX, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX,
+};
 use crate::net::Env;
 
 /// Why an RPC did not get an answer.
@@ -261,7 +263,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RPCError> {
         let entries = req.entries.len() as u64;
-        if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > RAFT_MESSAGE_BYTES_MAX as u64 {
+        if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > APPEND_ENTRIES_BYTES_MAX {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)));
         }
         match self.call(RpcRequest::AppendEntries { target: self.target, req }, &option).await? {
