@@ -48,12 +48,11 @@ async fn create_topic(c: &Cluster, topic: &str) {
     assert!(r.status == 201 || r.status == 200, "{r:?}");
 }
 
+/// A running publish load: the acked map (id → sequence), its stop flag and its tasks.
+type Load = (Arc<Mutex<HashMap<String, u64>>>, Arc<std::sync::atomic::AtomicBool>, Vec<tokio::task::JoinHandle<()>>);
+
 /// Runs `publishers` tasks publishing unique ids until `stop` is set; returns the acked map.
-fn spawn_load(
-    c: &Cluster,
-    topic: &str,
-    publishers: usize,
-) -> (Arc<Mutex<HashMap<String, u64>>>, Arc<std::sync::atomic::AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
+fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tasks = (0..publishers)

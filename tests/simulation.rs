@@ -171,9 +171,9 @@ fn run(s: &Scenario) -> Result<History, String> {
         .rng_seed(s.seed)
         .build();
     let offsets: Vec<Arc<AtomicI64>> = (0..s.nodes).map(|_| Arc::new(AtomicI64::new(0))).collect();
-    for i in 0..s.nodes {
+    for (i, offset) in offsets.iter().enumerate() {
         let config = node_config(i, s.nodes, dir.path());
-        let offset = offsets[i].clone();
+        let offset = offset.clone();
         sim.host(host(i), move || {
             let config = config.clone();
             let env = Env { dialer: Arc::new(SimDialer), clock: Arc::new(SimClock { offset_ms: offset.clone() }) };

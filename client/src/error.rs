@@ -113,11 +113,12 @@ pub struct ApiError {
     pub code: ErrorCode,
     /// The `message` field: a human-readable explanation.
     pub message: String,
-    /// The `details` field (`{}` when the server sent none).
-    pub details: Value,
+    /// The `details` field (`{}` when the server sent none). Boxed, like `body`, to keep
+    /// `Result<_, Error>` small.
+    pub details: Box<Value>,
     /// The whole body, because some answers carry fields at the top level
     /// (`existing_sequence` of a duplicate, `leader_address` of a redirect).
-    pub body: Value,
+    pub body: Box<Value>,
 }
 
 impl ApiError {
@@ -143,7 +144,7 @@ impl ApiError {
             .and_then(|v| v.get("details"))
             .cloned()
             .unwrap_or_else(|| Value::Object(Default::default()));
-        ApiError { status, code, message, details, body: parsed.unwrap_or(Value::Null) }
+        ApiError { status, code, message, details: Box::new(details), body: Box::new(parsed.unwrap_or(Value::Null)) }
     }
 
     /// A field of the body, looked up at the top level first and then in `details`.
@@ -324,7 +325,7 @@ mod tests {
         let err = ApiError::from_body(502, b"<html>Bad Gateway</html>");
         assert_eq!(err.code, ErrorCode::Other("http_502".into()));
         assert_eq!(err.message, "<html>Bad Gateway</html>");
-        assert_eq!(err.details, serde_json::json!({}));
+        assert_eq!(*err.details, serde_json::json!({}));
     }
 
     #[test]

@@ -22,11 +22,11 @@ pub struct Flags {
     pub listen: SocketAddr,
 
     /// HOST:PORT peers and clients use for this node [default: this node's entry in
-    /// --peers, else 127.0.0.1:<listen port>].
+    /// --peers, else 127.0.0.1:PORT with the port of --listen].
     #[arg(long, env = "PUBSUB_ADVERTISE")]
     pub advertise: Option<String>,
 
-    /// Where RocksDB and snapshots live [default: ./data/node-<id>].
+    /// Where RocksDB and snapshots live [default: ./data/node-ID].
     #[arg(long, env = "PUBSUB_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 

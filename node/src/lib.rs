@@ -69,7 +69,7 @@ where
     let committed_index = store.log_store.committed_index();
     let store_closed = store.closed;
     let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)
-        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        .map_err(NodeError::Raft)?;
     let peers = PeerPool::new(env.clone(), config.cluster_secret.clone());
     let raft =
         Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)

@@ -109,19 +109,14 @@ pub const APPEND_ENTRIES_MAX: u64 = 1024;
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 10_000;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_relate_as_intended() {
-        assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
-        assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
-        assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
-        assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
-        assert!(SUBSCRIBE_PING_INTERVAL * 2 < SUBSCRIBE_IDLE_TIMEOUT);
-        assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
-        assert!(PEER_STALL_TIMEOUT.as_millis() as u64 > ELECTION_TIMEOUT_MS_DEFAULT);
-        assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
-    }
-}
+// How the limits must relate, checked when the crate compiles.
+const _: () = {
+    assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
+    assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
+    assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
+    assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
+    assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
+    assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
+    assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
+    assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
+};

@@ -1,6 +1,6 @@
 //! openraft's state machine: the pub/sub state, persisted in RocksDB.
 //!
-//! Each `apply` call runs the pure [`rules`](crate::rules) over every entry it is given and
+//! Each `apply` call runs the pure [`rules`] over every entry it is given and
 //! writes the result — messages, dedup entries, topic records, `last_applied` and membership —
 //! in ONE `WriteBatch`, so the state on disk always matches its `last_applied` exactly. The
 //! batch is not fsynced: after a crash RocksDB recovers a prefix of batches, and openraft

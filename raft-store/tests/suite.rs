@@ -9,7 +9,7 @@ struct RocksBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for RocksBuilder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
-        let dir = TempDir::new().map_err(|e| raft_store::error::write_err(e))?;
+        let dir = TempDir::new().map_err(raft_store::error::write_err)?;
         let store = raft_store::open(dir.path()).map_err(raft_store::error::write_err)?;
         Ok((dir, store.log_store, store.state_machine))
     }

@@ -4,11 +4,7 @@ use openraft::{Config, SnapshotPolicy};
 
 use crate::limits::{APPEND_ENTRIES_MAX, LOGS_KEPT_AFTER_SNAPSHOT, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS};
 
-pub fn raft_config(
-    heartbeat_ms: u64,
-    election_timeout_ms: u64,
-    snapshot_logs: u64,
-) -> Result<Config, openraft::ConfigError> {
+pub fn raft_config(heartbeat_ms: u64, election_timeout_ms: u64, snapshot_logs: u64) -> Result<Config, String> {
     let config = Config {
         cluster_name: "pubsub".into(),
         heartbeat_interval: heartbeat_ms,
@@ -23,5 +19,6 @@ pub fn raft_config(
         purge_batch_size: snapshot_logs.min(256),
         ..Default::default()
     };
-    config.validate()
+    // openraft's error type is large; the caller only reports it.
+    config.validate().map_err(|e| e.to_string())
 }
