@@ -409,7 +409,7 @@ fn ci_seeds_five_nodes() {
     check_seeds(101..=103, 5);
 }
 
-/// `SIM_SEEDS=N` runs N more seeds (skipped when unset).
+/// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000); skipped when unset.
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable to be deterministic: run by scripts/test.sh")]
 fn many_seeds() {
@@ -417,7 +417,8 @@ fn many_seeds() {
         eprintln!("SIM_SEEDS not set: skipping the long simulation run");
         return;
     };
-    check_seeds(1000..1000 + n, 3);
+    let from = std::env::var("SIM_SEEDS_FROM").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(1000);
+    check_seeds(from..from + n, 3);
 }
 
 #[test]
