@@ -2,45 +2,17 @@
 //! of the whole cluster, catch-up by snapshot, subscriptions across a leader change, and a
 //! clean SIGTERM.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use pubsub_tests::http::{post, post_raw};
-use pubsub_tests::{publish_retrying, read_all, wait_until, Cluster, Options};
+use pubsub_tests::{assert_converged, publish_retrying, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 const CONVERGE: Duration = Duration::from_secs(30);
-
-/// Every node serves the same (sequence → id) list, with sequences 1..=n contiguous, and it
-/// holds every acknowledged id exactly once at its acknowledged sequence.
-async fn assert_converged(c: &Cluster, topic: &str, acked: &HashMap<String, u64>) -> Vec<(u64, String)> {
-    let running: Vec<usize> = (0..c.nodes.len()).filter(|&i| c.running(i)).collect();
-    let urls = c.urls();
-    wait_until("all nodes serve the same log", CONVERGE, || async {
-        let mut lists = Vec::new();
-        for &i in &running {
-            lists.push(read_all(&urls[i], topic).await?);
-        }
-        let first = lists[0].clone();
-        (lists.iter().all(|l| *l == first) && acked.values().all(|s| first.len() as u64 >= *s)).then_some(())
-    })
-    .await;
-    let log = read_all(&urls[running[0]], topic).await.expect("read log");
-    for (i, (seq, _)) in log.iter().enumerate() {
-        assert_eq!(*seq, i as u64 + 1, "sequences are contiguous from 1");
-    }
-    let mut seen = HashSet::new();
-    for (_, id) in &log {
-        assert!(seen.insert(id.clone()), "id {id} appears twice");
-    }
-    for (id, seq) in acked {
-        assert_eq!(log.get(*seq as usize - 1).map(|(_, i)| i), Some(id), "acked {id} is at sequence {seq}");
-    }
-    log
-}
 
 async fn create_topic(c: &Cluster, topic: &str) {
     let l = c.url(c.wait_leader(CONVERGE).await);

@@ -118,6 +118,7 @@ fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
         waiting.extend(queue.try_iter());
         let started = std::time::Instant::now();
         let result = db.flush_wal(true);
+        // How many appends share each fsync: the measure of group commit (RUST_LOG=raft_store=trace).
         tracing::trace!(appends = waiting.len(), fsync_us = started.elapsed().as_micros() as u64, "log fsync");
         for callback in waiting {
             let outcome = match &result {
@@ -215,9 +216,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         match &self.syncer {
             Some(syncer) => {
-                let started = std::time::Instant::now();
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
-                tracing::trace!(write_us = started.elapsed().as_micros() as u64, "append write");
                 syncer.send(callback).map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
             }
             None => {

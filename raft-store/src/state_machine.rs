@@ -156,9 +156,7 @@ impl StateMachine {
             batch.batch.put_cf(meta, MEMBERSHIP, encode(&self.membership)?);
         }
         batch.batch.put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
-        let started = std::time::Instant::now();
         self.db.write_opt(batch.batch, &unsynced())?;
-        tracing::trace!(write_us = started.elapsed().as_micros() as u64, "apply write");
 
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {

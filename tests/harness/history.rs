@@ -1,5 +1,5 @@
 //! A checker for what clients observed of the cluster: the same rules for the multi-process
-//! tests, the Docker fault tests and the simulation.
+//! tests (`assert_converged`) and the simulation.
 //!
 //! It is given the acknowledged publishes, each node's final (sequence → id) log, and the
 //! sequences each subscriber connection received, and reports every violation of:

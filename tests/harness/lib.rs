@@ -295,3 +295,32 @@ pub async fn read_all(url: &str, topic: &str) -> Option<Vec<(u64, String)>> {
         }
     }
 }
+
+/// Waits until every running node serves the same (sequence → id) log holding every
+/// acknowledged sequence, then checks it with the history checker: sequences contiguous from
+/// 1, no id stored twice, every acknowledged id at the sequence it was acknowledged with.
+/// Returns the log.
+pub async fn assert_converged(
+    c: &Cluster,
+    topic: &str,
+    acked: &std::collections::HashMap<String, u64>,
+) -> Vec<(u64, String)> {
+    let running: Vec<usize> = (0..c.nodes.len()).filter(|&i| c.running(i)).collect();
+    let top = acked.values().copied().max().unwrap_or(0);
+    let logs = wait_until("all running nodes serve the same log", Duration::from_secs(30), || async {
+        let mut logs = std::collections::BTreeMap::new();
+        for &i in &running {
+            logs.insert(format!("node-{}", c.nodes[i].id), read_all(&c.url(i), topic).await?);
+        }
+        let first = logs.values().next()?.clone();
+        (first.len() as u64 >= top && logs.values().all(|l| *l == first)).then_some(logs)
+    })
+    .await;
+    let log = logs.values().next().cloned().unwrap_or_default();
+    assert_eq!(log.first().map(|(seq, _)| *seq).unwrap_or(1), 1, "sequences start at 1");
+    let history =
+        history::History { acked: acked.iter().map(|(k, v)| (k.clone(), *v)).collect(), logs, subscriptions: vec![] };
+    let violations = history.check();
+    assert!(violations.is_empty(), "violations: {violations:?}");
+    log
+}

@@ -17,6 +17,7 @@ use super::topics::active;
 use crate::app::{InflightGuard, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PUBLISH_BODY_BYTES_MAX};
+use crate::metrics::Outcome;
 
 /// A message as a client sends it.
 #[derive(Deserialize)]
@@ -120,12 +121,9 @@ pub async fn publish(
     app.require_leader(&where_)?;
     let record = active(&app, &topic)?;
     let id = message.id.clone();
-    if let Some(existing) = app.reader.dedup(record.id, &id)? {
-        app.metrics.count_publish("duplicate", 1);
-        return Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(existing) });
-    }
+    refuse_applied_duplicate(&app, record.id, &id)?;
     let Some(guard) = InflightGuard::try_new(app.clone(), &topic, &id) else {
-        app.metrics.count_publish("duplicate", 1);
+        app.metrics.count_publish(Outcome::Duplicate, 1);
         return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
     let request = Request::Publish { topic: topic.clone(), messages: vec![message], now_ms: app.now_ms() };
@@ -137,29 +135,46 @@ pub async fn publish(
             let _ = tokio::time::timeout(crate::limits::WRITE_TIMEOUT, receiver).await;
             drop(guard);
         });
-        app.metrics.count_publish("appended", 1);
+        app.metrics.count_publish(Outcome::Appended, 1);
         let body = json!({"id": id, "topic": topic, "sequence": null, "raft_index": null, "committed": false});
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
 
     let written = app.write(request, &where_).await;
     drop(guard);
-    let written = written.inspect_err(|_| app.metrics.count_publish("error", 1))?;
-    match written.response {
+    let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
+    let sequence = stored_sequence(&app, &topic, &id, written.response)?;
+    let body =
+        json!({"id": id, "topic": topic, "sequence": sequence, "raft_index": written.log_index, "committed": true});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Answers a publish of an id the topic already holds without a Raft write.
+pub(super) fn refuse_applied_duplicate(app: &SharedApp, topic_id: u64, id: &str) -> Result<(), ApiError> {
+    match app.reader.dedup(topic_id, id)? {
+        Some(existing) => {
+            app.metrics.count_publish(Outcome::Duplicate, 1);
+            Err(ApiError::DuplicateMessageId { id: id.to_string(), existing_sequence: Some(existing) })
+        }
+        None => Ok(()),
+    }
+}
+
+/// The sequence a single-message publish was stored with, from its apply result.
+pub(super) fn stored_sequence(app: &SharedApp, topic: &str, id: &str, response: SmResponse) -> Result<u64, ApiError> {
+    match response {
         SmResponse::Published { results } => match results.first() {
             Some(PublishResult::Stored { sequence }) => {
-                app.metrics.count_publish("stored", 1);
-                let body = json!({"id": id, "topic": topic, "sequence": sequence,
-                                  "raft_index": written.log_index, "committed": true});
-                Ok((StatusCode::CREATED, Json(body)).into_response())
+                app.metrics.count_publish(Outcome::Stored, 1);
+                Ok(*sequence)
             }
             Some(PublishResult::Duplicate { existing_sequence }) => {
-                app.metrics.count_publish("duplicate", 1);
-                Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(*existing_sequence) })
+                app.metrics.count_publish(Outcome::Duplicate, 1);
+                Err(ApiError::DuplicateMessageId { id: id.to_string(), existing_sequence: Some(*existing_sequence) })
             }
             None => Err(ApiError::internal("publish applied without a result")),
         },
-        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic)),
+        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
         other => Err(ApiError::internal(format!("unexpected apply result {other:?}"))),
     }
 }
@@ -182,8 +197,10 @@ pub async fn batch(
     active(&app, &topic)?;
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
     let request = Request::Publish { topic: topic.clone(), messages, now_ms: app.now_ms() };
-    let written =
-        app.write(request, &where_).await.inspect_err(|_| app.metrics.count_publish("error", ids.len() as u64))?;
+    let written = app
+        .write(request, &where_)
+        .await
+        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, ids.len() as u64))?;
     let SmResponse::Published { results } = written.response else {
         return Err(ApiError::TopicNotFound(topic));
     };
@@ -198,8 +215,8 @@ pub async fn batch(
         })
         .collect();
     let stored = results.iter().filter(|r| r.get("sequence").is_some()).count() as u64;
-    app.metrics.count_publish("stored", stored);
-    app.metrics.count_publish("duplicate", results.len() as u64 - stored);
+    app.metrics.count_publish(Outcome::Stored, stored);
+    app.metrics.count_publish(Outcome::Duplicate, results.len() as u64 - stored);
     let body = json!({"topic": topic, "results": results, "raft_index": written.log_index, "committed": true});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }

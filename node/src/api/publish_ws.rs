@@ -16,18 +16,19 @@ use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
-use raft_store::{PublishResult, Request, Response as SmResponse};
+use raft_store::Request;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::input;
-use super::publish::{new_message_from, present, MessageFields};
+use super::publish::{new_message_from, present, refuse_applied_duplicate, stored_sequence, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX};
+use crate::metrics::Outcome;
 
 #[derive(Deserialize)]
 struct PublishFrame {
@@ -126,23 +127,12 @@ async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Res
     let message = new_message_from(app, fields)?;
     let record = active(app, topic)?;
     let id = message.id.clone();
-    if let Some(existing) = app.reader.dedup(record.id, &id)? {
-        return Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(existing) });
-    }
+    refuse_applied_duplicate(app, record.id, &id)?;
     let request = Request::Publish { topic: topic.to_string(), messages: vec![message], now_ms: app.now_ms() };
-    let written = app.write(request, &format!("/topics/{topic}/publish")).await?;
-    match written.response {
-        SmResponse::Published { results } => match results.first() {
-            Some(PublishResult::Stored { sequence }) => {
-                app.metrics.count_publish("stored", 1);
-                Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_index}))
-            }
-            Some(PublishResult::Duplicate { existing_sequence }) => {
-                Err(ApiError::DuplicateMessageId { id, existing_sequence: Some(*existing_sequence) })
-            }
-            None => Err(ApiError::internal("publish applied without a result")),
-        },
-        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
-        other => Err(ApiError::internal(format!("unexpected apply result {other:?}"))),
-    }
+    let written = app
+        .write(request, &format!("/topics/{topic}/publish"))
+        .await
+        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
+    let sequence = stored_sequence(app, topic, &id, written.response)?;
+    Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_index}))
 }
