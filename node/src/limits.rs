@@ -60,6 +60,15 @@ pub const SUBSCRIBE_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// Largest frame a subscriber may send us (acks are tiny).
 pub const SUBSCRIBER_FRAME_BYTES_MAX: usize = 64 * 1024;
 
+/// Read buffer of a subscriber's socket. Subscribers only send acks and pongs, and the
+/// buffer is allocated up front for every connection (tungstenite's default is 128 KiB), so
+/// it is most of what an idle subscriber costs.
+pub const SUBSCRIBER_READ_BUFFER_BYTES: usize = 4 * 1024;
+/// Frames queued before the socket is written (tungstenite's default is 128 KiB). The buffer
+/// keeps the capacity it grew to, so this bounds an idle subscriber's memory after a burst;
+/// the session flushes after every page anyway.
+pub const SUBSCRIBER_WRITE_BUFFER_BYTES: usize = 16 * 1024;
+
 /// Subscriptions one node serves at once; more are refused with 503.
 pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 
@@ -114,6 +123,8 @@ const _: () = {
     assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
     assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
     assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
+    // Replication reads stay under the AppendEntries bound, so splitting is the rare case.
+    assert!((raft_store::limits::REPLICATION_READ_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
     assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
     assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);

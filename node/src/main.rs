@@ -3,6 +3,13 @@
 use clap::Parser;
 use pubsub_node::{Config, Env, Flags};
 
+/// jemalloc rather than glibc's malloc: Raft batches and log reads allocate buffers of
+/// megabytes on every worker thread, and glibc kept what a catch-up touched (resident memory
+/// went from 160 to 387 MiB after a restart with 1,000,000 messages and never came back);
+/// jemalloc's background threads return freed pages to the OS.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()

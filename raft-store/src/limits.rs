@@ -27,6 +27,12 @@ pub const READ_MESSAGES_MAX: usize = 1000;
 /// Bytes of payload returned by one read of the message log (a page stops early past it).
 pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Bytes of log entries (as stored) one replication read returns (at least one entry, whatever
+/// its size). openraft asks for up to `max_payload_entries` entries at a time and an entry
+/// can be a batch of a megabyte, so without this a follower catching up made the leader read
+/// hundreds of megabytes at once for one AppendEntries.
+pub const REPLICATION_READ_BYTES_MAX: usize = 2 * 1024 * 1024;
+
 /// Entries written to RocksDB per `WriteBatch` while installing a snapshot: bounds the
 /// memory an install needs, whatever the snapshot's size.
 pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;

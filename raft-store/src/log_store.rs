@@ -19,6 +19,7 @@ use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use crate::db::{cf, synced, unsynced};
 use crate::error::{read_err, write_err};
 use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
+use crate::limits::REPLICATION_READ_BYTES_MAX;
 use crate::typ::{Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
@@ -93,16 +94,20 @@ impl LogStore {
         }
     }
 
-    fn read_range(&self, start: u64, end_exclusive: u64, max: usize) -> Result<Vec<Entry>, StoreError> {
+    /// Entries in `[start, end_exclusive)`, stopping before the one that would take the stored
+    /// bytes read past `bytes_max` (the first entry is always returned).
+    fn read_range(&self, start: u64, end_exclusive: u64, bytes_max: usize) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::new();
         if start >= end_exclusive {
             return Ok(out);
         }
         let from = log_key(start);
+        let mut bytes = 0usize;
         for item in self.db.iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::From(&from, Direction::Forward)) {
             let (key, value) = item?;
             let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
-            if index >= end_exclusive || out.len() >= max {
+            bytes = bytes.saturating_add(value.len());
+            if index >= end_exclusive || (bytes > bytes_max && !out.is_empty()) {
                 break;
             }
             out.push(bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?);
@@ -152,6 +157,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry>, StorageError> {
         let (start, end) = bounds(range);
         self.read_range(start, end, usize::MAX).map_err(read_err)
+    }
+
+    /// What replication reads: a prefix of the range of at most
+    /// [`REPLICATION_READ_BYTES_MAX`] bytes, so one AppendEntries stays small whatever
+    /// `max_payload_entries` allows.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+        self.read_range(start, end, REPLICATION_READ_BYTES_MAX).map_err(read_err)
     }
 }
 

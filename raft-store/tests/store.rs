@@ -65,6 +65,43 @@ async fn restart_from_disk_gives_the_same_state() {
     assert_eq!(r, vec![Response::Published { results: vec![raft_store::PublishResult::Stored { sequence: 26 }] }]);
 }
 
+/// A publish entry carrying `bytes` of payload.
+fn big_publish(topic: &str, id: &str, bytes: usize) -> Request {
+    let payload = Bytes::from(format!("\"{}\"", "x".repeat(bytes)));
+    Request::Publish {
+        topic: topic.into(),
+        messages: vec![NewMessage { id: id.into(), timestamp: 9, payload }],
+        now_ms: 10,
+    }
+}
+
+#[tokio::test]
+async fn replication_reads_are_bounded_in_bytes_but_always_make_progress() {
+    use raft_store::limits::REPLICATION_READ_BYTES_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let entry_bytes = REPLICATION_READ_BYTES_MAX / 4;
+    let entries: Vec<Entry> = (1..=20).map(|i| entry(i, big_publish("a", &format!("m{i}"), entry_bytes))).collect();
+    store.log_store.blocking_append(entries).await.unwrap();
+    let mut reader = store.log_store.get_log_reader().await;
+
+    // Twenty entries of a quarter of the budget: a read stops within the budget.
+    let limited = reader.limited_get_log_entries(1, 21).await.unwrap();
+    assert!((1..=4).contains(&limited.len()), "{} entries", limited.len());
+    assert_eq!(limited.first().map(|e| e.log_id.index), Some(1));
+    let indexes: Vec<u64> = limited.iter().map(|e| e.log_id.index).collect();
+    assert_eq!(indexes, (1..=limited.len() as u64).collect::<Vec<_>>());
+    // The range end still bounds it, and the unlimited read returns everything.
+    assert_eq!(reader.limited_get_log_entries(5, 6).await.unwrap().len(), 1);
+    assert_eq!(reader.try_get_log_entries(1..21).await.unwrap().len(), 20);
+
+    // One entry larger than the whole budget is still returned on its own.
+    let huge = entry(21, big_publish("a", "huge", REPLICATION_READ_BYTES_MAX * 2));
+    store.log_store.blocking_append([huge]).await.unwrap();
+    let alone = reader.limited_get_log_entries(21, 22).await.unwrap();
+    assert_eq!(alone.len(), 1);
+}
+
 #[tokio::test]
 async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
     let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

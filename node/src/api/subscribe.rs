@@ -14,7 +14,9 @@ use super::input;
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIPTIONS_MAX};
+use crate::limits::{
+    SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIBER_READ_BUFFER_BYTES, SUBSCRIBER_WRITE_BUFFER_BYTES, SUBSCRIPTIONS_MAX,
+};
 use crate::subscribe::session::{self, Session};
 
 pub async fn subscribe(
@@ -55,6 +57,8 @@ pub async fn subscribe(
     Ok(upgrade
         .max_message_size(SUBSCRIBER_FRAME_BYTES_MAX)
         .max_frame_size(SUBSCRIBER_FRAME_BYTES_MAX)
+        .read_buffer_size(SUBSCRIBER_READ_BUFFER_BYTES)
+        .write_buffer_size(SUBSCRIBER_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| session::run(app, socket, session))
         .into_response())
 }
