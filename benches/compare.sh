@@ -1,25 +1,49 @@
 #!/usr/bin/env bash
-# Side-by-side publish benchmark on loopback: our 3-node cluster, a 3-node NATS JetStream
-# cluster (R3 file-backed stream) and a 3-member etcd cluster, the same workload against
-# each in turn, one table at the end.
+# Side-by-side benchmark on loopback: our 3-node cluster, a 3-node NATS JetStream cluster
+# (R3 file-backed stream) and a 3-member etcd cluster, the same workloads against each in
+# turn, one table per section at the end.
 #
 #   benches/compare.sh
+#   SYSTEMS="ours nats" SECTIONS=fanout benches/compare.sh
 #
-# Workload: 256-byte payloads, every publish awaited until acknowledged (ours: quorum
-# fsync; NATS: JetStream PubAck; etcd: put response), C requests in flight in total.
+# Sections (SECTIONS, default all three):
+#   publish  256-byte payloads, every publish awaited until acknowledged (ours: quorum fsync,
+#            over HTTP; NATS: JetStream PubAck; etcd: put response), C requests in flight in
+#            total. Ours, NATS, etcd.
+#   ws       the same, ours publishing over its WebSocket (`pubsub bench --transport ws`,
+#            ceil(C/64) publishers x up to 64 in flight), reported as `ours-ws`, next to NATS
+#            (one connection, C publishes in flight) at the same C. Ours and NATS.
+#   fanout   one publisher paced at R msgs/s (up to 64 publishes in flight, each awaited
+#            until acknowledged) and K subscribers that joined before it started (ours:
+#            WebSocket subscriptions at the latest cursor; NATS: JetStream ordered push
+#            consumers, deliver policy New, one connection each); deliver latency runs from
+#            a timestamp in the payload to arrival at a subscriber. Ours and NATS; the table
+#            has deliver p50/p99/p99.9 and ours/NATS of the deliver p99 (below 1: ours is
+#            faster).
 # Knobs (environment):
-#   CONCURRENCY="1 16 64"       C values
-#   MESSAGES="3000 10000 20000" messages per C (same order as CONCURRENCY)
-#   SYSTEMS="ours nats etcd"    which systems to run
-#   RUN_SECS=60                 time limit of one run (the generator stops publishing)
+#   SECTIONS="publish ws fanout" which sections to run
+#   SYSTEMS="ours nats etcd"    which systems to run (etcd only takes part in publish)
+#   CONCURRENCY="1 16 64"       publish: C values
+#   MESSAGES="3000 10000 20000" publish: messages per C (same order as CONCURRENCY)
+#   WS_CONCURRENCY="64 256"     ws: C values (NATS runs the ones publish has not run)
+#   WS_MESSAGES="20000 40000"   ws: messages per C
+#   FANOUT="100:1000 1000:100"  fanout: runs as K:R (K subscribers, R msgs/s) or K:R:N
+#   FANOUT_SECS=10              fanout: N = R x FANOUT_SECS when a run gives no N
+#   FANOUT_TRANSPORT=http       fanout: how ours publishes (http or ws)
+#   FANOUT_NATS_CONNECTIONS=0   fanout: connections NATS subscribers share (0: one each)
+#   RUN_SECS=60                 time limit of one publish or ws run (the generator stops
+#                               publishing); a fanout run gets N/R + 30 s
 #   PORT_BASE=29000             ports PORT_BASE+80.. (ours), +220.. (NATS), +379.. (etcd)
 #   ROUNDS=1                    repeat everything; the order of the systems rotates each
-#                               round and the table keeps each cell's best-throughput run
-#                               (use 3 on a shared, noisy machine)
+#                               round and the tables keep each cell's best run (highest
+#                               msgs/s; fanout: lowest deliver p99) (use 3 on a shared,
+#                               noisy machine)
 #   KEEP_DATA=1                 keep the temporary data directory
 # Everything listens on 127.0.0.1 and is stopped on exit. Each cluster runs only during its
-# own runs, so the three never compete for the CPU. A peer whose Debian package
-# (nats-server, etcd-server) is missing and cannot be installed is skipped with a note.
+# own runs, so the three never compete for the CPU (the load generator shares the machine
+# with the cluster under test). A peer whose Debian package (nats-server, etcd-server) is
+# missing and cannot be installed is skipped with a note. The open-files limit is raised to
+# its hard limit for the fanout section's many connections.
 #
 # Builds: ours is expected in ${CARGO_TARGET_DIR:-~/.cache/pubsub-raft/target}/release
 # (or the repository's target/release; built into the former when missing); the peers'
@@ -37,19 +61,48 @@ if [ -z "${CARGO_TARGET_DIR:-}" ] && [ ! -x "$BIN/pubsub-node" ] && [ -x "$ROOT/
 fi
 PEERS_BIN="$PEERS_TARGET/release/peers-bench"
 
+read -r -a SECT <<<"${SECTIONS:-publish ws fanout}"
 read -r -a CS <<<"${CONCURRENCY:-1 16 64}"
 read -r -a NS <<<"${MESSAGES:-3000 10000 20000}"
+read -r -a WS_CS <<<"${WS_CONCURRENCY:-64 256}"
+read -r -a WS_NS <<<"${WS_MESSAGES:-20000 40000}"
+read -r -a FANOUT_RUNS <<<"${FANOUT:-100:1000 1000:100}"
 read -r -a SYS <<<"${SYSTEMS:-ours nats etcd}"
+FANOUT_SECS=${FANOUT_SECS:-10}
+FANOUT_TRANSPORT=${FANOUT_TRANSPORT:-http}
+FANOUT_NATS_CONNECTIONS=${FANOUT_NATS_CONNECTIONS:-0}
 RUN_SECS=${RUN_SECS:-60}
 ROUNDS=${ROUNDS:-1}
 PAYLOAD=256
 PB=${PORT_BASE:-29000}
 [ "${#CS[@]}" -eq "${#NS[@]}" ] || { echo "CONCURRENCY and MESSAGES need the same number of values" >&2; exit 2; }
+[ "${#WS_CS[@]}" -eq "${#WS_NS[@]}" ] || { echo "WS_CONCURRENCY and WS_MESSAGES need the same number of values" >&2; exit 2; }
+for x in "${SECT[@]}"; do
+    case $x in publish | ws | fanout) ;; *) echo "unknown section $x (publish, ws, fanout)" >&2; exit 2 ;; esac
+done
+for x in "${FANOUT_RUNS[@]}"; do
+    [[ $x =~ ^[1-9][0-9]*:[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || { echo "FANOUT: $x is not K:R or K:R:N" >&2; exit 2; }
+done
+# section NAME: NAME is among SECTIONS.
+section() { case " ${SECT[*]} " in *" $1 "*) return 0 ;; esac; return 1; }
+# fanout_run K:R[:N]: sets FK, FR and FN (N defaults to R x FANOUT_SECS).
+fanout_run() { IFS=: read -r FK FR FN <<<"$1"; FN=${FN:-$((FR * FANOUT_SECS))}; }
+# ws_only_cs: the ws C values the publish section does not run (NATS runs them for ws).
+ws_only_cs() {
+    local k c
+    for k in "${!WS_CS[@]}"; do
+        c=${WS_CS[$k]}
+        if section publish && [[ " ${CS[*]} " == *" $c "* ]]; then continue; fi
+        echo "$k"
+    done
+}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pubsub-compare.XXXXXX")
 RESULTS="$WORK/results.tsv"
+FANOUT_RESULTS="$WORK/fanout.tsv"
 NOTES="$WORK/notes.txt"
 : >"$RESULTS"
+: >"$FANOUT_RESULTS"
 : >"$NOTES"
 PIDS=()
 SKIPPED=""
@@ -102,15 +155,29 @@ run_gen() {
 # json_num FIELD LINE: a numeric field of a flat JSON object (no jq needed).
 json_num() { sed -nE "s/.*\"$1\":(-?[0-9.eE+-]+).*/\1/p" <<<"$2"; }
 
-# record SYSTEM C JSON_LINE
+# record SYSTEM C REQUESTED_MESSAGES JSON_LINE  (publish and ws sections)
 record() {
-    local sys=$1 c=$2 line=$3
+    local sys=$1 c=$2 want=$3 line=$4
     local rate p50 p99 n errs
     rate=$(json_num msgs_per_sec "$line"); p50=$(json_num p50_ms "$line"); p99=$(json_num p99_ms "$line")
     n=$(json_num messages "$line"); errs=$(json_num errors "$line")
     if [ -z "$rate" ]; then note "$sys C=$c: no result"; return; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" >>"$RESULTS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" >>"$RESULTS"
     log "$sys C=$c: $(printf '%.0f msgs/s, p50 %.2f ms, p99 %.2f ms, %s acked, %s errors' "$rate" "$p50" "$p99" "$n" "${errs:-0}")"
+}
+
+# record_fanout SYSTEM K R REQUESTED_MESSAGES JSON_LINE
+record_fanout() {
+    local sys=$1 k=$2 r=$3 want=$4 line=$5
+    local rate n errs got miss d50 d99 d999
+    rate=$(json_num msgs_per_sec "$line"); n=$(json_num messages "$line"); errs=$(json_num errors "$line")
+    got=$(json_num delivered "$line"); miss=$(json_num deliver_missing "$line")
+    d50=$(json_num deliver_p50_ms "$line"); d99=$(json_num deliver_p99_ms "$line"); d999=$(json_num deliver_p999_ms "$line")
+    if [ -z "$d99" ]; then note "$sys fanout K=$k R=$r: no result"; return; fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$k" "$r" "$want" "$rate" "$n" "${errs:-0}" \
+        "$got" "${miss:-0}" "$d50" "$d99" "$d999" >>"$FANOUT_RESULTS"
+    log "$sys fanout K=$k R=$r: $(printf '%.0f msgs/s, %s acked, %s delivered, %s missing; deliver p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms' \
+        "$rate" "$n" "$got" "${miss:-0}" "$d50" "$d99" "$d999")"
 }
 
 # have_pkg BINARY PACKAGE: the binary exists, or the package installs.
@@ -123,15 +190,19 @@ have_pkg() {
     command -v "$1" >/dev/null 2>&1
 }
 
+# The fanout section opens a connection per subscriber (ours, NATS).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 
 # ---------------------------------------------------------------- builds
-if [ ! -x "$BIN/pubsub-node" ] || [ ! -x "$BIN/pubsub" ]; then
+if [[ " ${SYS[*]} " == *" ours "* ]] && { [ ! -x "$BIN/pubsub-node" ] || [ ! -x "$BIN/pubsub" ]; }; then
     log "building pubsub-node and pubsub (release)"
     (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET" cargo build --release --bin pubsub-node --bin pubsub)
 fi
 NEED_PEERS=""
-for s in "${SYS[@]}"; do [ "$s" = ours ] || NEED_PEERS=1; done
+for s in "${SYS[@]}"; do
+    case $s in nats) NEED_PEERS=1 ;; etcd) if section publish; then NEED_PEERS=1; fi ;; esac
+done
 if [ -n "$NEED_PEERS" ]; then
     log "building the peers' load generator into $PEERS_TARGET"
     CARGO_TARGET_DIR="$PEERS_TARGET" cargo build --release --quiet --manifest-path "$ROOT/benches/peers/Cargo.toml"
@@ -148,16 +219,40 @@ run_ours() {
     done
     leader_known() { curl -sf "http://127.0.0.1:$((PB + 81))/cluster" | grep -q '"leader_id":"node-'; }
     wait_for 60 "our leader" leader_known || { note "ours: no leader within 60 s, skipped"; stop_all; return; }
-    local k c n p f
-    for k in "${!CS[@]}"; do
-        c=${CS[$k]}; n=${NS[$k]}
-        case $c in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$c ;; esac
-        "$BIN/pubsub" "${urls[@]}" --json topics create "bench-c$c" >/dev/null 2>&1 || true
-        log "ours C=$c ($p publishers x $f in flight), $n messages"
-        run_gen ours $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --publishers "$p" --inflight "$f" \
-            --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
-        record ours "$c" "$LINE"
-    done
+    local k c n p f x
+    if section publish; then
+        for k in "${!CS[@]}"; do
+            c=${CS[$k]}; n=${NS[$k]}
+            case $c in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$c ;; esac
+            "$BIN/pubsub" "${urls[@]}" --json topics create "bench-c$c" >/dev/null 2>&1 || true
+            log "ours C=$c ($p publishers x $f in flight), $n messages"
+            run_gen ours $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --publishers "$p" --inflight "$f" \
+                --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
+            record ours "$c" "$n" "$LINE"
+        done
+    fi
+    if section ws; then
+        for k in "${!WS_CS[@]}"; do
+            c=${WS_CS[$k]}; n=${WS_NS[$k]}
+            p=$(((c + 63) / 64)); f=$((c / p))
+            "$BIN/pubsub" "${urls[@]}" --json topics create "bench-ws-c$c" >/dev/null 2>&1 || true
+            log "ours-ws C=$c ($p WebSocket publishers x $f in flight), $n messages"
+            run_gen ours-ws $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --transport ws --publishers "$p" \
+                --inflight "$f" --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-ws-c$c" --duration-secs "$RUN_SECS"
+            record ours-ws "$c" "$n" "$LINE"
+        done
+    fi
+    if section fanout; then
+        for x in "${FANOUT_RUNS[@]}"; do
+            fanout_run "$x"
+            "$BIN/pubsub" "${urls[@]}" --json topics create "fanout-k$FK-r$FR" >/dev/null 2>&1 || true
+            log "ours fanout: $FK subscribers, 1 $FANOUT_TRANSPORT publisher at $FR msgs/s, $FN messages"
+            run_gen ours $((FN / FR + 210)) "$BIN/pubsub" "${urls[@]}" --json bench --transport "$FANOUT_TRANSPORT" \
+                --publishers 1 --inflight 64 --subscribers "$FK" --rate "$FR" --messages "$FN" \
+                --payload-bytes "$PAYLOAD" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
+            record_fanout ours "$FK" "$FR" "$FN" "$LINE"
+        done
+    fi
     stop_all
 }
 
@@ -179,19 +274,36 @@ run_nats() {
         wait_for 60 "nats n$i" curl -sf "http://127.0.0.1:$((PB + 240 + i))/healthz" \
             || { note "nats: n$i not healthy within 60 s, skipped"; stop_all; return; }
     done
-    local k c n
-    for k in "${!CS[@]}"; do
-        c=${CS[$k]}; n=${NS[$k]}
+    local k c n x runs=()
+    if section publish; then
+        for k in "${!CS[@]}"; do runs+=("${CS[$k]}:${NS[$k]}"); done
+    fi
+    if section ws; then
+        for k in $(ws_only_cs); do runs+=("${WS_CS[$k]}:${WS_NS[$k]}"); done
+    fi
+    for x in "${runs[@]}"; do
+        c=${x%%:*}; n=${x#*:}
         log "nats C=$c, $n messages"
         run_gen nats $((RUN_SECS + 90)) "$PEERS_BIN" nats --servers "$servers" --stream "BENCH_C$c" \
             --concurrency "$c" --messages "$n" --payload-bytes "$PAYLOAD" --duration-secs "$RUN_SECS"
-        record nats "$c" "$LINE"
+        record nats "$c" "$n" "$LINE"
     done
+    if section fanout; then
+        for x in "${FANOUT_RUNS[@]}"; do
+            fanout_run "$x"
+            log "nats fanout: $FK ordered consumers, 1 publisher at $FR msgs/s, $FN messages"
+            run_gen nats $((FN / FR + 210)) "$PEERS_BIN" nats-fanout --servers "$servers" --stream "FANOUT_K${FK}_R$FR" \
+                --subscribers "$FK" --connections "$FANOUT_NATS_CONNECTIONS" --rate "$FR" --inflight 64 \
+                --messages "$FN" --payload-bytes "$PAYLOAD" --duration-secs $((FN / FR + 30))
+            record_fanout nats "$FK" "$FR" "$FN" "$LINE"
+        done
+    fi
     stop_all
 }
 
 # ---------------------------------------------------------------- etcd
 run_etcd() {
+    section publish || return 0
     have_pkg etcd etcd-server || { note "etcd: package etcd-server not installable, skipped"; SKIPPED+=" etcd"; return; }
     local i cluster="" servers=""
     for i in 1 2 3; do cluster+="${cluster:+,}e$i=http://127.0.0.1:$((PB + 380 + 2 * i))"; done
@@ -213,7 +325,7 @@ run_etcd() {
         log "etcd C=$c, $n messages"
         run_gen etcd $((RUN_SECS + 90)) "$PEERS_BIN" etcd --servers "$servers" \
             --concurrency "$c" --messages "$n" --payload-bytes "$PAYLOAD" --duration-secs "$RUN_SECS"
-        record etcd "$c" "$LINE"
+        record etcd "$c" "$n" "$LINE"
     done
     stop_all
 }
@@ -232,37 +344,103 @@ for ((r = 0; r < ROUNDS; r++)); do
     done
 done
 
-# ---------------------------------------------------------------- the table
+# ---------------------------------------------------------------- the tables
+# Best publish/ws cell per (system, C): highest msgs/s (awk prelude shared by the tables).
+# shellcheck disable=SC2016 # awk code, expanded by awk
+BEST_PUBLISH='
+    ($1, $2) in rate && rate[$1, $2] >= $3 { next }
+    { rate[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; acked[$1, $2] = $6; errs[$1, $2] = $7; want[$1, $2] = $8 }
+    function cell(s, c) { return ((s, c) in rate) ? sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c]) : "— | — | —" }
+    function ratio(s, c, other) {
+        return ((s, c) in rate && (other, c) in rate && rate[other, c] > 0) ? sprintf("%.2f×", rate[s, c] / rate[other, c]) : "—"
+    }'
 echo
-echo "Publish, ${PAYLOAD}-byte payloads, each awaited until acknowledged; 3 nodes per system on 127.0.0.1"
+echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads, every publish awaited until acknowledged"
 [ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
-echo
-awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" '
-    ($1, $2) in rate && rate[$1, $2] >= $3 { next }
-    { rate[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; acked[$1, $2] = $6; errs[$1, $2] = $7; seen[$1] = 1 }
-    function cell(s, c) { return ((s, c) in rate) ? sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c]) : "— | — | —" }
-    function ratio(c, other) {
-        return (("ours", c) in rate && (other, c) in rate && rate[other, c] > 0) ? sprintf("%.2f×", rate["ours", c] / rate[other, c]) : "—"
-    }
+if section publish; then
+    echo
+    echo "Publish (ours over HTTP), C requests in flight:"
+    echo
+    awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" "$BEST_PUBLISH"'
+        END {
+            nc = split(cs, C, " "); split(ns, N, " ")
+            print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd |"
+            print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            for (i = 1; i <= nc; i++) {
+                c = C[i]
+                printf "| %s | %s | %s | %s | %s | %s | %s |\n", c, N[i], cell("ours", c), cell("nats", c), cell("etcd", c), ratio("ours", c, "nats"), ratio("ours", c, "etcd")
+            }
+        }' "$RESULTS"
+fi
+if section ws; then
+    echo
+    echo "Publish over our WebSocket (ours-ws: ceil(C/64) publishers x up to 64 in flight) vs NATS (one connection, C in flight):"
+    echo
+    awk -F'\t' -v cs="${WS_CS[*]}" -v ns="${WS_NS[*]}" "$BEST_PUBLISH"'
+        END {
+            nc = split(cs, C, " "); split(ns, N, " ")
+            print "| C | messages | ours-ws msgs/s | p50 ms | p99 ms | ours HTTP msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | ours-ws/NATS |"
+            print "|---|---|---|---|---|---|---|---|---|---|---|---|"
+            for (i = 1; i <= nc; i++) {
+                c = C[i]
+                printf "| %s | %s | %s | %s | %s | %s |\n", c, N[i], cell("ours-ws", c), cell("ours", c), cell("nats", c), ratio("ours-ws", c, "nats")
+            }
+        }' "$RESULTS"
+fi
+# Publish/ws notes: failed publishes, runs that hit the time limit.
+awk -F'\t' "$BEST_PUBLISH"'
     END {
-        nc = split(cs, C, " "); split(ns, N, " ")
-        print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd |"
-        print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-        for (i = 1; i <= nc; i++) {
-            c = C[i]
-            printf "| %s | %s | %s | %s | %s | %s | %s |\n", c, N[i], cell("ours", c), cell("nats", c), cell("etcd", c), ratio(c, "nats"), ratio(c, "etcd")
-        }
-        for (i = 1; i <= nc; i++) for (s in seen) if ((s, C[i]) in rate) {
-            k = s SUBSEP C[i]
-            if (errs[k] > 0) printf "\nnote: %s C=%s: %s publishes failed\n", s, C[i], errs[k]
-            if (acked[k] < N[i]) printf "\nnote: %s C=%s: only %s of %s acknowledged within the time limit\n", s, C[i], acked[k], N[i]
+        for (k in rate) {
+            split(k, sc, SUBSEP)
+            if (errs[k] > 0) printf "\nnote: %s C=%s: %s publishes failed\n", sc[1], sc[2], errs[k]
+            if (acked[k] < want[k]) printf "\nnote: %s C=%s: only %s of %s acknowledged within the time limit\n", sc[1], sc[2], acked[k], want[k]
         }
     }' "$RESULTS"
+if section fanout; then
+    echo
+    echo "Fan-out: 1 publisher paced at R msgs/s (${FANOUT_TRANSPORT} for ours), K subscribers (ours: WebSocket; NATS: ordered push"
+    echo "consumers), deliver latency from the payload's timestamp to arrival; ours/NATS of the deliver p99 (below 1: ours faster)"
+    echo
+    awk -F'\t' -v runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" '
+        # Best run per (system, K, R): lowest deliver p99.
+        ($1, $2, $3) in d99 && d99[$1, $2, $3] <= $11 { next }
+        {
+            k = $1 SUBSEP $2 SUBSEP $3
+            want[k] = $4; rate[k] = $5; acked[k] = $6; errs[k] = $7; got[k] = $8; miss[k] = $9
+            d50[k] = $10; d99[k] = $11; d999[k] = $12
+        }
+        function cell(s, K, R) {
+            return ((s, K, R) in d99) ? sprintf("%.2f | %.2f | %.2f | %s", d50[s, K, R], d99[s, K, R], d999[s, K, R], miss[s, K, R]) : "— | — | — | —"
+        }
+        END {
+            n = split(runs, X, " ")
+            print "| K subscribers | R msgs/s | messages | ours deliver p50 ms | p99 ms | p99.9 ms | missing | NATS deliver p50 ms | p99 ms | p99.9 ms | missing | ours/NATS p99 |"
+            print "|---|---|---|---|---|---|---|---|---|---|---|---|"
+            for (i = 1; i <= n; i++) {
+                split(X[i], f, ":"); K = f[1]; R = f[2]; N = (3 in f) ? f[3] : R * secs
+                r = (("ours", K, R) in d99 && ("nats", K, R) in d99 && d99["nats", K, R] > 0) ? sprintf("%.2f×", d99["ours", K, R] / d99["nats", K, R]) : "—"
+                printf "| %s | %s | %s | %s | %s | %s |\n", K, R, N, cell("ours", K, R), cell("nats", K, R), r
+                delete f
+            }
+            for (k in d99) {
+                split(k, sk, SUBSEP)
+                what = sprintf("%s fanout K=%s R=%s", sk[1], sk[2], sk[3])
+                if (errs[k] > 0) printf "\nnote: %s: %s publishes failed\n", what, errs[k]
+                if (acked[k] < want[k]) printf "\nnote: %s: only %s of %s acknowledged within the time limit\n", what, acked[k], want[k]
+                if (rate[k] < 0.95 * sk[3]) printf "\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, rate[k], sk[3]
+                if (miss[k] > 0) printf "\nnote: %s: %s of %s deliveries missing after the drain timeout\n", what, miss[k], acked[k] * sk[2]
+            }
+        }' "$FANOUT_RESULTS"
+fi
 if [ "$ROUNDS" -gt 1 ]; then
     echo
-    echo "every run (system, C, msgs/s, p50 ms, p99 ms):"
+    echo "every publish/ws run (system, C, msgs/s, p50 ms, p99 ms):"
     awk -F'\t' '{ printf "  %s C=%s %.0f %.2f %.2f\n", $1, $2, $3, $4, $5 }' "$RESULTS"
+    if [ -s "$FANOUT_RESULTS" ]; then
+        echo "every fanout run (system, K, R, msgs/s, deliver p50/p99/p99.9 ms, missing):"
+        awk -F'\t' '{ printf "  %s K=%s R=%s %.0f %.2f %.2f %.2f %s\n", $1, $2, $3, $5, $10, $11, $12, $9 }' "$FANOUT_RESULTS"
+    fi
 fi
 if [ -s "$NOTES" ]; then
     echo

@@ -1,20 +1,39 @@
-//! `peers-bench`: the same publish workload as `pubsub bench`, against NATS JetStream or etcd.
+//! `peers-bench`: the same workloads as `pubsub bench`, against NATS JetStream or etcd.
 //!
 //! ```text
 //! peers-bench nats --servers 127.0.0.1:4222,... [--stream BENCH] --concurrency C --messages N
 //! peers-bench etcd --servers http://127.0.0.1:2379,... --concurrency C --messages N
+//! peers-bench nats-fanout --servers 127.0.0.1:4222,... [--stream FANOUT] --subscribers K
+//!     --rate R --messages N [--inflight 64] [--connections K] [--consumer push|pull]
+//!     [--drain-secs 10]
 //!   common: [--payload-bytes 256] [--duration-secs S]
 //! ```
 //!
-//! C tasks each keep one request in flight (C requests in flight in total) until N messages
-//! are acknowledged or the duration is over. Latency is measured per request, from just
-//! before it is sent to its acknowledgement:
+//! Publish (`nats`, `etcd`): C tasks each keep one request in flight (C requests in flight in
+//! total) until N messages are acknowledged or the duration is over. Latency is measured per
+//! request, from just before it is sent to its acknowledgement:
 //! - nats: `jetstream.publish(subject, payload).await?.await?` (the PubAck of an R3,
 //!   file-backed stream, which is recreated fresh at the start of every run);
 //! - etcd: `POST /v3/kv/put` on the v3 JSON gateway, distinct key per message, sent to the
 //!   leader's client URL (found with `/v3/maintenance/status`).
 //!
-//! The last stdout line is a JSON object with `msgs_per_sec`, `p50_ms`, `p99_ms`, like ours.
+//! Fan-out (`nats-fanout`), the counterpart of `pubsub bench --subscribers K --rate R`: a
+//! fresh R3 file-backed stream, K JetStream *ordered consumers* (ephemeral, R1, no acks,
+//! deliver policy New; push by default, `--consumer pull` for the pull flavour), each read by
+//! its own task, then one publisher sending N messages paced at R msgs/s (`--rate 0`: as fast
+//! as `--inflight` allows), each publish awaited until its PubAck, at most `--inflight` in
+//! flight. Subscribers spread round-robin over `--connections` client connections; the
+//! default is one connection per subscriber, like ours (one WebSocket per subscriber).
+//! Payloads are `{"pad":"xx…","t_us":<µs since the epoch>}`, `--payload-bytes` long, like
+//! ours; deliver latency runs from `t_us` to arrival at a subscriber (one machine, one clock).
+//! Before the clock starts every consumer must have received one warm-up message (`t_us` 0,
+//! not counted), so all K are delivering. After the last PubAck the subscribers get
+//! `--drain-secs` to receive every acknowledged message.
+//!
+//! The last stdout line is a JSON object with `msgs_per_sec`, `p50_ms`, `p99_ms`, like ours;
+//! fan-out adds `delivered`, `deliver_missing` (`messages × K − delivered`),
+//! `deliver_errors` and `deliver_p50_ms`, `deliver_p99_ms`, `deliver_p999_ms`,
+//! `deliver_max_ms`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,22 +55,42 @@ struct Args {
     messages: u64,
     payload_bytes: usize,
     duration: Duration,
+    // nats-fanout only:
+    subscribers: usize,
+    /// Publish rate, msgs/s; 0 is unpaced.
+    rate: f64,
+    inflight: usize,
+    /// Client connections the subscribers share; 0 is one per subscriber.
+    connections: usize,
+    /// `push` or `pull` ordered consumers.
+    consumer: String,
+    drain: Duration,
 }
+
+const USAGE: &str = "usage: peers-bench nats|etcd --servers A,B,C --concurrency C --messages N\n       \
+                     peers-bench nats-fanout --servers A,B,C --subscribers K --rate R --messages N";
 
 fn parse_args() -> Result<Args, Error> {
     let mut it = std::env::args().skip(1);
-    let system = it.next().ok_or("usage: peers-bench nats|etcd --servers A,B,C --concurrency C --messages N")?;
-    if system != "nats" && system != "etcd" {
-        return Err(format!("unknown system {system:?} (nats or etcd)").into());
+    let system = it.next().ok_or(USAGE)?;
+    if !matches!(system.as_str(), "nats" | "etcd" | "nats-fanout") {
+        return Err(format!("unknown mode {system:?} (nats, etcd or nats-fanout)\n{USAGE}").into());
     }
+    let fanout = system == "nats-fanout";
     let mut a = Args {
         system,
         servers: Vec::new(),
-        stream: "BENCH".into(),
+        stream: if fanout { "FANOUT" } else { "BENCH" }.into(),
         concurrency: 1,
         messages: 1000,
         payload_bytes: 256,
         duration: Duration::from_secs(120),
+        subscribers: 1,
+        rate: 1000.0,
+        inflight: 64,
+        connections: 0,
+        consumer: "push".into(),
+        drain: Duration::from_secs(10),
     };
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -62,11 +101,20 @@ fn parse_args() -> Result<Args, Error> {
             "--messages" => a.messages = v.parse()?,
             "--payload-bytes" => a.payload_bytes = v.parse()?,
             "--duration-secs" => a.duration = Duration::from_secs_f64(v.parse()?),
-            _ => return Err(format!("unknown flag {flag}").into()),
+            "--subscribers" if fanout => a.subscribers = v.parse()?,
+            "--rate" if fanout => a.rate = v.parse()?,
+            "--inflight" if fanout => a.inflight = v.parse()?,
+            "--connections" if fanout => a.connections = v.parse()?,
+            "--consumer" if fanout && (v == "push" || v == "pull") => a.consumer = v,
+            "--drain-secs" if fanout => a.drain = Duration::from_secs_f64(v.parse()?),
+            _ => return Err(format!("unknown flag {flag} (or bad value {v:?}) for {}", a.system).into()),
         }
     }
     if a.servers.is_empty() || a.concurrency == 0 {
         return Err("--servers and a concurrency ≥ 1 are required".into());
+    }
+    if fanout && (a.subscribers == 0 || a.inflight == 0 || a.rate.is_nan() || a.rate < 0.0) {
+        return Err("nats-fanout needs --subscribers ≥ 1, --inflight ≥ 1 and --rate ≥ 0".into());
     }
     Ok(a)
 }
@@ -149,15 +197,22 @@ where
     }
 }
 
-async fn run_nats(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
-    use async_nats::jetstream::{self, stream};
-    let addrs: Vec<async_nats::ServerAddr> = a.servers.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
-    let client =
-        async_nats::ConnectOptions::new().request_timeout(Some(Duration::from_secs(10))).connect(addrs).await?;
-    let js = jetstream::new(client);
-    let subject = format!("{}.msgs", a.stream.to_lowercase());
+async fn nats_connect(servers: &[String]) -> Result<async_nats::Client, Error> {
+    let addrs: Vec<async_nats::ServerAddr> = servers.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
+    Ok(async_nats::ConnectOptions::new().request_timeout(Some(Duration::from_secs(10))).connect(addrs).await?)
+}
+
+/// Recreates `stream` as an empty R3 file-backed stream whose leader has acknowledged one
+/// publish, and returns its subject.
+async fn nats_fresh_stream(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    payload: &Bytes,
+) -> Result<String, Error> {
+    use async_nats::jetstream::stream;
+    let subject = format!("{}.msgs", stream.to_lowercase());
     let config = stream::Config {
-        name: a.stream.clone(),
+        name: stream.to_string(),
         subjects: vec![subject.clone()],
         num_replicas: 3,
         storage: stream::StorageType::File,
@@ -179,7 +234,13 @@ async fn run_nats(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<t
         async move { js.publish(subject, payload).await?.await.map(|_| ()).map_err(Error::from) }
     })
     .await?;
-    js.get_stream(&a.stream).await?.purge().await?;
+    js.get_stream(stream).await?.purge().await?;
+    Ok(subject)
+}
+
+async fn run_nats(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
+    let js = async_nats::jetstream::new(nats_connect(&a.servers).await?);
+    let subject = nats_fresh_stream(&js, &a.stream, &payload).await?;
     shared.start();
     Ok((0..a.concurrency)
         .map(|_| {
@@ -193,6 +254,264 @@ async fn run_nats(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<t
             }))
         })
         .collect())
+}
+
+/// Microseconds since the Unix epoch by this machine's clock.
+fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// `{"pad":"xx…","t_us":t}`, `size` bytes long (or as short as the fields allow), the
+/// payload `pubsub bench` publishes.
+fn timed_payload(size: usize, t_us: u64) -> Bytes {
+    let bare = format!(r#"{{"pad":"","t_us":{t_us}}}"#).len();
+    Bytes::from(format!(r#"{{"pad":"{}","t_us":{t_us}}}"#, "x".repeat(size.saturating_sub(bare))))
+}
+
+/// The `t_us` field of a payload made by [`timed_payload`].
+fn payload_t_us(payload: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"t_us\":";
+    let at = payload.windows(KEY.len()).rposition(|w| w == KEY)? + KEY.len();
+    let digits = payload[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&payload[at..at + digits]).ok()?.parse().ok()
+}
+
+/// What a fan-out subscriber reads: payloads, or the ordered consumer's errors (it
+/// recreates itself after them and goes on).
+type PayloadStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, String>> + Send>>;
+
+/// Creates one ordered consumer (deliver policy New) on `js`'s connection and returns its
+/// messages.
+async fn nats_ordered(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    subject: &str,
+    kind: &str,
+) -> Result<PayloadStream, Error> {
+    use async_nats::jetstream::consumer::{pull, push, DeliverPolicy};
+    use futures_util::StreamExt;
+    if kind == "pull" {
+        let config = pull::OrderedConfig {
+            filter_subject: subject.to_string(),
+            deliver_policy: DeliverPolicy::New,
+            ..Default::default()
+        };
+        let consumer = js.create_consumer_on_stream(config, stream).await?;
+        let messages = consumer.messages().await?;
+        Ok(Box::pin(messages.map(|m| m.map(|m| m.message.payload).map_err(|e| e.to_string()))))
+    } else {
+        let config = push::OrderedConfig {
+            deliver_subject: js.client().new_inbox(),
+            filter_subject: subject.to_string(),
+            deliver_policy: DeliverPolicy::New,
+            ..Default::default()
+        };
+        let consumer = js.create_consumer_on_stream(config, stream).await?;
+        let messages = consumer.messages().await?;
+        Ok(Box::pin(messages.map(|m| m.map(|m| m.message.payload).map_err(|e| e.to_string()))))
+    }
+}
+
+/// What one fan-out subscriber saw.
+struct SubscriberResult {
+    hist: Histogram<u64>,
+    delivered: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// One fan-out subscriber: counts itself in `ready` on the warm-up message (`t_us` 0), then
+/// records deliver latency until it has seen `goal` messages (known once publishing ends)
+/// or `drain` has passed since then.
+async fn fanout_subscriber(
+    mut messages: PayloadStream,
+    ready: Arc<AtomicU64>,
+    mut goal: tokio::sync::watch::Receiver<Option<u64>>,
+    drain: Duration,
+) -> SubscriberResult {
+    use futures_util::StreamExt;
+    let mut r = SubscriberResult { hist: new_hist(), delivered: 0, errors: 0, first_error: None };
+    let mut drain_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let target = *goal.borrow_and_update();
+        if let Some(target) = target {
+            if r.delivered >= target {
+                break;
+            }
+            drain_deadline.get_or_insert_with(|| tokio::time::Instant::now() + drain);
+        }
+        let wake = drain_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => break,
+            changed = goal.changed(), if target.is_none() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            next = messages.next() => match next {
+                Some(Ok(payload)) => match payload_t_us(&payload) {
+                    Some(0) => {
+                        ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(t_us) => {
+                        r.delivered += 1;
+                        r.hist.saturating_record(now_us().saturating_sub(t_us).max(1));
+                    }
+                    None => r.delivered += 1,
+                },
+                Some(Err(e)) => {
+                    r.errors += 1;
+                    r.first_error.get_or_insert(e);
+                }
+                None => break,
+            }
+        }
+    }
+    r
+}
+
+/// `nats-fanout`: K ordered consumers, one paced publisher; prints its own JSON line.
+async fn run_nats_fanout(a: &Args) -> Result<(), Error> {
+    use futures_util::stream::{FuturesUnordered, StreamExt, TryStreamExt};
+    let client = nats_connect(&a.servers).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let subject = nats_fresh_stream(&js, &a.stream, &timed_payload(a.payload_bytes, 1)).await?;
+
+    // Subscriber connections: one per subscriber by default (ours opens one WebSocket per
+    // subscriber); `--connections C` shares C connections round-robin. The publisher has its
+    // own connection.
+    let conns = if a.connections == 0 { a.subscribers } else { a.connections.min(a.subscribers) };
+    let sub_clients: Vec<async_nats::Client> =
+        futures_util::stream::iter(0..conns).map(|_| nats_connect(&a.servers)).buffered(32).try_collect().await?;
+    let ready = Arc::new(AtomicU64::new(0));
+    let (goal_tx, goal_rx) = tokio::sync::watch::channel(None::<u64>);
+    // Consumer creation goes through the JetStream meta group: 16 at a time.
+    let subscriptions: Vec<PayloadStream> = futures_util::stream::iter(0..a.subscribers)
+        .map(|i| {
+            let js = async_nats::jetstream::new(sub_clients[i % conns].clone());
+            let (stream, subject, kind) = (a.stream.clone(), subject.clone(), a.consumer.clone());
+            async move {
+                retry("create an ordered consumer", Duration::from_secs(30), || {
+                    nats_ordered(&js, &stream, &subject, &kind)
+                })
+                .await
+            }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    for c in &sub_clients {
+        c.flush().await?;
+    }
+    let subscriber_tasks: Vec<_> = subscriptions
+        .into_iter()
+        .map(|m| tokio::spawn(fanout_subscriber(m, ready.clone(), goal_rx.clone(), a.drain)))
+        .collect();
+    drop(goal_rx);
+
+    // Warm-up: every consumer must deliver one message before the clock starts.
+    let setup = Instant::now();
+    js.publish(subject.clone(), timed_payload(a.payload_bytes, 0)).await?.await?;
+    while (ready.load(Ordering::Relaxed) as usize) < a.subscribers {
+        if setup.elapsed() > Duration::from_secs(60) {
+            eprintln!(
+                "peers-bench: only {} of {} consumers got the warm-up message within 60 s; starting anyway",
+                ready.load(Ordering::Relaxed),
+                a.subscribers
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("peers-bench: {} ordered {} consumers ready on {conns} connections", a.subscribers, a.consumer);
+
+    // One publisher: message n is due at start + n/R; up to `inflight` publishes await their
+    // PubAck at once. A publish late by its due time goes out at once (no catching-up skip).
+    let start = Instant::now();
+    let mut pending = FuturesUnordered::new();
+    let mut hist = new_hist();
+    let (mut sent, mut acked, mut errors, mut first_error) = (0u64, 0u64, 0u64, None::<String>);
+    loop {
+        let mut wait_until = None;
+        while pending.len() < a.inflight && sent < a.messages && start.elapsed() < a.duration {
+            if a.rate > 0.0 {
+                let due = start + Duration::from_secs_f64(sent as f64 / a.rate);
+                if due > Instant::now() {
+                    wait_until = Some(tokio::time::Instant::from_std(due));
+                    break;
+                }
+            }
+            let (js, subject) = (js.clone(), subject.clone());
+            let body = timed_payload(a.payload_bytes, now_us());
+            pending.push(async move {
+                let t0 = Instant::now();
+                let outcome: Result<(), Error> =
+                    async { Ok(js.publish(subject, body).await?.await.map(|_| ())?) }.await;
+                (t0.elapsed(), outcome)
+            });
+            sent += 1;
+        }
+        if pending.is_empty() && wait_until.is_none() {
+            break;
+        }
+        tokio::select! {
+            Some((took, outcome)) = pending.next(), if !pending.is_empty() => match outcome {
+                Ok(()) => {
+                    acked += 1;
+                    hist.saturating_record(took.as_micros().max(1) as u64);
+                }
+                Err(e) => {
+                    errors += 1;
+                    first_error.get_or_insert_with(|| e.to_string());
+                }
+            },
+            _ = tokio::time::sleep_until(wait_until.unwrap_or_else(tokio::time::Instant::now)), if wait_until.is_some() => {}
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+
+    let _ = goal_tx.send(Some(acked));
+    let mut deliver = new_hist();
+    let (mut delivered, mut deliver_errors, mut deliver_first_error) = (0u64, 0u64, None::<String>);
+    for t in subscriber_tasks {
+        let r = t.await?;
+        deliver.add(&r.hist).expect("same bounds");
+        delivered += r.delivered;
+        deliver_errors += r.errors;
+        deliver_first_error = deliver_first_error.or(r.first_error);
+    }
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "{}",
+        json!({
+            "system": "nats",
+            "workload": "publish_fanout",
+            "consumer": format!("ordered {}", a.consumer),
+            "subscribers": a.subscribers,
+            "connections": conns,
+            "rate": a.rate,
+            "inflight": a.inflight,
+            "payload_bytes": a.payload_bytes,
+            "messages": acked,
+            "errors": errors,
+            "first_error": first_error,
+            "duration_secs": secs,
+            "msgs_per_sec": acked as f64 / secs,
+            "p50_ms": ms(&hist, 0.50),
+            "p99_ms": ms(&hist, 0.99),
+            "p999_ms": ms(&hist, 0.999),
+            "max_ms": hist.max() as f64 / 1000.0,
+            "delivered": delivered,
+            "deliver_missing": (acked * a.subscribers as u64).saturating_sub(delivered),
+            "deliver_errors": deliver_errors,
+            "deliver_first_error": deliver_first_error,
+            "deliver_p50_ms": ms(&deliver, 0.50),
+            "deliver_p99_ms": ms(&deliver, 0.99),
+            "deliver_p999_ms": ms(&deliver, 0.999),
+            "deliver_max_ms": deliver.max() as f64 / 1000.0,
+        })
+    );
+    Ok(())
 }
 
 /// POSTs a JSON body to etcd's v3 gateway and returns the JSON answer.
@@ -256,6 +575,9 @@ async fn main() {
 
 async fn real_main() -> Result<(), Error> {
     let a = parse_args()?;
+    if a.system == "nats-fanout" {
+        return run_nats_fanout(&a).await;
+    }
     let payload = Bytes::from(vec![b'x'; a.payload_bytes]);
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
