@@ -1,6 +1,9 @@
 //! The load generator behind `pubsub bench`: publishers with a bounded number of requests
-//! in flight, optional WebSocket subscribers measuring publish→deliver latency, and a
+//! in flight, over HTTP or one publishing WebSocket each ([`Transport`]), optionally paced to
+//! a total rate; optional WebSocket subscribers measuring publish→deliver latency; and a
 //! [`BenchReport`] with throughput and latency percentiles.
+//!
+//! The pacing schedule is `bench/pace.rs`, the subscribers `bench/subscribers.rs`.
 //!
 //! Publish latency is measured from just before a request is sent to its ack. Deliver
 //! latency is measured from a timestamp the publisher embeds in each payload
@@ -11,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use futures_util::stream::FuturesUnordered;
-use futures_util::StreamExt;
+use futures_util::stream::{self, FuturesUnordered};
+use futures_util::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -20,10 +23,11 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::client::Client;
-use crate::endpoint::Cursor;
 use crate::error::Error;
-use crate::subscription::{Event, SubscribeOptions};
+use crate::limits;
+use crate::publisher::Publisher;
 use crate::types::{AckMode, BatchItem, NewMessage};
+use pace::Pacer;
 
 /// Largest latency the histograms hold (µs); longer samples are clamped to it. A publish
 /// cannot take longer than the client's operation timeout anyway.
@@ -31,6 +35,28 @@ const LATENCY_US_MAX: u64 = 600_000_000;
 
 /// Significant digits of the histograms: 0.1 % resolution.
 const LATENCY_SIGNIFICANT_DIGITS: u8 = 3;
+
+/// How publishers send their messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// One HTTP request per publish (or per batch), retried by the client.
+    #[default]
+    Http,
+    /// One [`Publisher`] WebSocket per publisher, `inflight` publishes in flight on it
+    /// (single messages only, acked after commit; API.md §8).
+    Ws,
+}
+
+impl Transport {
+    /// `http` or `ws`, as in the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Http => "http",
+            Transport::Ws => "ws",
+        }
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -51,8 +77,13 @@ pub struct BenchConfig {
     pub subscribers: usize,
     /// Stop publishing after this long even if `messages` are not all sent.
     pub duration: Option<Duration>,
-    /// Ack mode of single publishes.
+    /// Ack mode of single publishes over HTTP (a WebSocket publish is acked after commit).
     pub ack: AckMode,
+    /// How publishers send.
+    pub transport: Transport,
+    /// Messages per second, all publishers together, evenly spaced; `None`: as fast as
+    /// the requests in flight allow. Finite and above 0.
+    pub rate: Option<f64>,
     /// How long subscribers may take after the last ack to receive everything.
     pub drain_timeout: Duration,
     /// Draw a progress bar on stderr.
@@ -66,6 +97,10 @@ pub struct BenchReport {
     pub workload: String,
     /// The topic used.
     pub topic: String,
+    /// `http` or `ws`.
+    pub transport: Transport,
+    /// The requested rate in messages per second; `null` when unpaced.
+    pub rate: Option<f64>,
     /// Publisher tasks.
     pub publishers: usize,
     /// Requests in flight per publisher.
@@ -128,16 +163,21 @@ pub fn payload(size_bytes: usize, t_us: u64) -> Value {
     json!({"pad": "x".repeat(size_bytes.saturating_sub(bare)), "t_us": t_us})
 }
 
+/// An empty latency histogram. It grows with the largest sample recorded rather than
+/// starting at [`LATENCY_US_MAX`] (about 170 KiB), which matters with one per subscriber and a
+/// thousand subscribers.
 fn histogram() -> Histogram<u64> {
-    // The bounds are constants (low 1 ≤ high/2, 3 digits ≤ 5), which is all this checks;
-    // no input or I/O can make it fail.
-    Histogram::new_with_bounds(1, LATENCY_US_MAX, LATENCY_SIGNIFICANT_DIGITS)
-        .expect("constant histogram bounds are valid")
+    // The digits are a constant within 0..=5, which is all this checks; no input or I/O can
+    // make it fail.
+    Histogram::new(LATENCY_SIGNIFICANT_DIGITS).expect("constant histogram precision is valid")
 }
 
 fn record(hist: &mut Histogram<u64>, elapsed: Duration) {
-    let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    hist.saturating_record(us.clamp(1, LATENCY_US_MAX));
+    let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX).clamp(1, LATENCY_US_MAX);
+    // `record` grows the histogram; `saturating_record` would clamp to its current size.
+    if hist.record(us).is_err() {
+        hist.saturating_record(us);
+    }
 }
 
 fn ms(hist: &Histogram<u64>, quantile: f64) -> f64 {
@@ -183,16 +223,18 @@ impl Work {
 /// Runs the benchmark against the cluster `client` talks to.
 ///
 /// ```no_run
-/// use pubsub_client::bench::{self, BenchConfig};
+/// use pubsub_client::bench::{self, BenchConfig, Transport};
 /// use pubsub_client::{AckMode, Client};
 /// use std::time::Duration;
 ///
 /// # async fn run() -> Result<(), pubsub_client::Error> {
 /// let client = Client::new(["127.0.0.1:8080"])?;
+/// // One publisher at 1,000 msg/s over a WebSocket, fanned out to 100 subscribers.
 /// let config = BenchConfig {
-///     topic: "bench".into(), publishers: 4, inflight: 8, messages: 10_000,
-///     payload_bytes: 256, batch: 1, subscribers: 2, duration: None,
-///     ack: AckMode::Committed, drain_timeout: Duration::from_secs(10), progress: false,
+///     topic: "bench".into(), publishers: 1, inflight: 64, messages: 10_000,
+///     payload_bytes: 256, batch: 1, subscribers: 100, duration: None,
+///     ack: AckMode::Committed, transport: Transport::Ws, rate: Some(1000.0),
+///     drain_timeout: Duration::from_secs(10), progress: false,
 /// };
 /// let report = bench::run(&client, &config).await?;
 /// println!("{} msg/s, p99 {} ms", report.msgs_per_sec, report.p99_ms);
@@ -200,32 +242,39 @@ impl Work {
 /// # }
 /// ```
 pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, Error> {
+    check(config)?;
     let publishers = config.publishers.max(1);
     let inflight = config.inflight.max(1);
-    let batch = config.batch.clamp(1, crate::limits::BATCH_MESSAGES_MAX);
+    let batch = config.batch.clamp(1, limits::BATCH_MESSAGES_MAX);
     client.create_topic(&config.topic, None).await?;
 
     // Subscribers first, so a Latest cursor is pinned before the first publish.
     let (target_tx, target_rx) = watch::channel::<Option<u64>>(None);
-    let mut subscriber_tasks = Vec::new();
-    for i in 0..config.subscribers {
-        let id = format!("bench-{i}-{}", uuid::Uuid::new_v4().simple());
-        let sub = client.subscribe(&config.topic, SubscribeOptions::new(id).cursor(Cursor::Latest)).await?;
-        let drain = config.drain_timeout;
-        subscriber_tasks.push(tokio::spawn(subscriber(sub, target_rx.clone(), drain)));
-    }
+    let subscriptions = subscribers::open(client, &config.topic, config.subscribers).await?;
+    let subscriber_tasks: Vec<_> = subscriptions
+        .into_iter()
+        .map(|sub| tokio::spawn(subscribers::receive(sub, target_rx.clone(), config.drain_timeout)))
+        .collect();
+    // Connections are opened before the clock starts: the run measures publishing.
+    let links = open_links(client, config, publishers).await?;
 
     let bar = progress_bar(config.messages, config.progress);
-    let work = Arc::new(Work {
-        remaining: AtomicU64::new(config.messages),
-        deadline: config.duration.map(|d| Instant::now() + d),
-        abort: AtomicBool::new(false),
+    let job = Arc::new(Job {
+        topic: config.topic.clone(),
+        payload_bytes: config.payload_bytes,
+        batch,
+        inflight,
+        ack: config.ack,
+        work: Work {
+            remaining: AtomicU64::new(config.messages),
+            deadline: config.duration.map(|d| Instant::now() + d),
+            abort: AtomicBool::new(false),
+        },
+        pacer: config.rate.map(|rate| Pacer::new(rate, tokio::time::Instant::now())),
+        bar: bar.clone(),
     });
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..publishers {
-        tasks.push(tokio::spawn(publisher(client.clone(), config.clone(), batch, inflight, work.clone(), bar.clone())));
-    }
+    let tasks: Vec<_> = links.into_iter().map(|link| tokio::spawn(publisher(link, job.clone()))).collect();
     let mut latency = histogram();
     let (mut acked, mut errors, mut first_error) = (0u64, 0u64, None);
     for task in tasks {
@@ -249,10 +298,10 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     let mut deliver = histogram();
     let (mut delivered, mut deliver_errors) = (0u64, 0u64);
     for task in subscriber_tasks {
-        if let Ok((hist, count, errs)) = task.await {
-            let _ = deliver.add(&hist);
-            delivered += count;
-            deliver_errors += errs;
+        if let Ok(received) = task.await {
+            let _ = deliver.add(&received.latency);
+            delivered += received.count;
+            deliver_errors += received.errors;
         }
     }
 
@@ -262,6 +311,8 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     Ok(BenchReport {
         workload: if fanout { "publish_fanout" } else { "publish" }.to_string(),
         topic: config.topic.clone(),
+        transport: config.transport,
+        rate: config.rate,
         publishers,
         inflight,
         batch,
@@ -286,6 +337,22 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     })
 }
 
+/// Refuses settings that cannot be run, before anything is sent.
+fn check(config: &BenchConfig) -> Result<(), Error> {
+    if config.transport == Transport::Ws && config.batch > 1 {
+        return Err(Error::InvalidArgument("the ws transport publishes one message per frame: batch must be 1".into()));
+    }
+    if config.transport == Transport::Ws && config.ack == AckMode::Appended {
+        return Err(Error::InvalidArgument("the ws transport acks after commit only: ack must be committed".into()));
+    }
+    if let Some(rate) = config.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::InvalidArgument(format!("the rate must be a number above 0, not {rate}")));
+        }
+    }
+    Ok(())
+}
+
 fn progress_bar(messages: u64, visible: bool) -> ProgressBar {
     let target = if visible { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
     let bar = ProgressBar::with_draw_target(Some(messages), target);
@@ -297,52 +364,58 @@ fn progress_bar(messages: u64, visible: bool) -> ProgressBar {
     bar
 }
 
-/// One publisher: keeps `inflight` requests going until the work runs out.
-async fn publisher(
-    client: Client,
-    config: BenchConfig,
+/// How one publisher task reaches the cluster.
+enum Link {
+    /// HTTP requests through the shared client.
+    Http(Client),
+    /// Its own publishing WebSocket.
+    Ws(Publisher),
+}
+
+/// One link per publisher task; the WebSockets are opened concurrently.
+async fn open_links(client: &Client, config: &BenchConfig, publishers: usize) -> Result<Vec<Link>, Error> {
+    match config.transport {
+        Transport::Http => Ok((0..publishers).map(|_| Link::Http(client.clone())).collect()),
+        Transport::Ws => {
+            stream::iter(0..publishers)
+                .map(|_| client.publisher(&config.topic))
+                .buffer_unordered(limits::BENCH_CONNECTS_CONCURRENT)
+                .map_ok(Link::Ws)
+                .try_collect()
+                .await
+        }
+    }
+}
+
+/// What every publisher task shares.
+struct Job {
+    topic: String,
+    payload_bytes: usize,
+    /// Messages per HTTP request (1 with the ws transport).
     batch: usize,
+    /// Requests each task keeps in flight.
     inflight: usize,
-    work: Arc<Work>,
+    ack: AckMode,
+    work: Work,
+    /// When each message is due, with `--rate`.
+    pacer: Option<Pacer>,
     bar: ProgressBar,
-) -> PublisherResult {
-    let topic: Arc<str> = Arc::from(config.topic.as_str());
+}
+
+/// One publisher: keeps `inflight` requests going until the work runs out.
+async fn publisher(link: Link, job: Arc<Job>) -> PublisherResult {
     let mut result = PublisherResult { latency: histogram(), acked: 0, errors: 0, first_error: None };
     let mut pending = FuturesUnordered::new();
     loop {
-        while pending.len() < inflight {
-            let n = work.claim(batch as u64);
+        while pending.len() < job.inflight {
+            let n = job.work.claim(job.batch as u64);
             if n == 0 {
                 break;
             }
-            let client = client.clone();
-            let topic = topic.clone();
-            let (size, ack, single) = (config.payload_bytes, config.ack, batch == 1);
-            pending.push(async move {
-                let started = Instant::now();
-                let outcome = if single {
-                    let message = NewMessage::new(payload(size, now_us()));
-                    client.publish_message(&topic, message, ack).await.map(|_| 0u64)
-                } else {
-                    let messages = (0..n).map(|_| NewMessage::new(payload(size, now_us()))).collect();
-                    client.publish_batch(&topic, messages).await.map(|ack| {
-                        // A duplicate without a sequence is still in flight and may fail:
-                        // it is not counted as acknowledged.
-                        let failed = ack
-                            .results
-                            .iter()
-                            .filter(|item| {
-                                matches!(
-                                    item,
-                                    BatchItem::Failed { .. } | BatchItem::Duplicate { existing_sequence: None, .. }
-                                )
-                            })
-                            .count();
-                        failed as u64
-                    })
-                };
-                (n, started.elapsed(), outcome)
-            });
+            // The slot is taken now and waited for inside the request's future, so requests
+            // already in flight keep being polled meanwhile.
+            let due = job.pacer.as_ref().map(|pacer| pacer.next_due(tokio::time::Instant::now()));
+            pending.push(send(&link, &job, n, due));
         }
         let Some((n, elapsed, outcome)) = pending.next().await else {
             break;
@@ -356,248 +429,55 @@ async fn publisher(
             Err(error) => {
                 result.errors += n;
                 if error.is_unreachable() {
-                    work.abort.store(true, Ordering::Relaxed);
+                    job.work.abort.store(true, Ordering::Relaxed);
                 }
                 if result.first_error.is_none() {
                     result.first_error = Some(error.to_string());
                 }
             }
         }
-        bar.inc(n);
+        job.bar.inc(n);
     }
     result
 }
 
-/// One subscriber: records deliver latency until it has seen `target` messages (known once
-/// publishing ends) or the drain timeout passes after that.
-async fn subscriber(
-    mut sub: crate::Subscription,
-    mut target: watch::Receiver<Option<u64>>,
-    drain: Duration,
-) -> (Histogram<u64>, u64, u64) {
-    let mut hist = histogram();
-    let (mut count, mut errors) = (0u64, 0u64);
-    let mut drain_deadline: Option<tokio::time::Instant> = None;
-    loop {
-        let goal = *target.borrow();
-        if let Some(goal) = goal {
-            if count >= goal {
-                break;
-            }
-            if drain_deadline.is_none() {
-                drain_deadline = Some(tokio::time::Instant::now() + drain);
-            }
-        }
-        let sleep_until = drain_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
-        tokio::select! {
-            _ = tokio::time::sleep_until(sleep_until) => break,
-            changed = target.changed() => {
-                if changed.is_err() && goal.is_none() {
-                    break;
-                }
-            }
-            event = sub.next() => match event {
-                Some(Ok(Event::Message(m))) => {
-                    count += 1;
-                    if let Some(t_us) = m.payload.get("t_us").and_then(Value::as_u64) {
-                        record(&mut hist, Duration::from_micros(now_us().saturating_sub(t_us)));
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) => errors += 1,
-                None => break,
-            }
-        }
+/// Publishes `n` messages in one request once it is `due`. Returns `n`, the latency (from
+/// just before sending) and how many of the messages failed, or the request's error.
+async fn send(
+    link: &Link,
+    job: &Job,
+    n: u64,
+    due: Option<tokio::time::Instant>,
+) -> (u64, Duration, Result<u64, Error>) {
+    if let Some(due) = due {
+        tokio::time::sleep_until(due).await;
     }
-    (hist, count, errors)
+    let message = || NewMessage::new(payload(job.payload_bytes, now_us()));
+    let started = Instant::now();
+    let outcome = match link {
+        Link::Ws(publisher) => publisher.publish(message()).await.map(|_| 0),
+        Link::Http(client) if job.batch == 1 => client.publish_message(&job.topic, message(), job.ack).await.map(|_| 0),
+        Link::Http(client) => {
+            let messages = (0..n).map(|_| message()).collect();
+            client.publish_batch(&job.topic, messages).await.map(|ack| {
+                // A duplicate without a sequence is still in flight and may fail: it is not
+                // counted as acknowledged.
+                let failed = ack
+                    .results
+                    .iter()
+                    .filter(|item| {
+                        matches!(item, BatchItem::Failed { .. } | BatchItem::Duplicate { existing_sequence: None, .. })
+                    })
+                    .count();
+                failed as u64
+            })
+        }
+    };
+    (n, started.elapsed(), outcome)
 }
+
+mod pace;
+mod subscribers;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payload_has_the_requested_size_and_a_readable_timestamp() {
-        for size in [64, 256, 1024, 65_536] {
-            let p = payload(size, now_us());
-            assert_eq!(p.to_string().len(), size);
-            assert!(p["t_us"].as_u64().is_some());
-        }
-    }
-
-    #[test]
-    fn payload_smaller_than_its_fields_is_as_small_as_possible() {
-        let p = payload(1, 12);
-        assert_eq!(p.to_string(), r#"{"pad":"","t_us":12}"#);
-    }
-
-    #[test]
-    fn work_is_claimed_in_batches_until_none_is_left() {
-        let work = Work { remaining: AtomicU64::new(25), deadline: None, abort: AtomicBool::new(false) };
-        assert_eq!(work.claim(10), 10);
-        assert_eq!(work.claim(10), 10);
-        assert_eq!(work.claim(10), 5);
-        assert_eq!(work.claim(10), 0);
-    }
-
-    #[test]
-    fn work_stops_at_the_deadline_or_on_abort() {
-        let past =
-            Work { remaining: AtomicU64::new(25), deadline: Some(Instant::now()), abort: AtomicBool::new(false) };
-        assert_eq!(past.claim(1), 0);
-        let aborted = Work { remaining: AtomicU64::new(25), deadline: None, abort: AtomicBool::new(true) };
-        assert_eq!(aborted.claim(1), 0);
-    }
-
-    #[test]
-    fn percentiles_are_reported_in_milliseconds() {
-        let mut h = histogram();
-        for ms_value in 1..=1000u64 {
-            record(&mut h, Duration::from_millis(ms_value));
-        }
-        assert!((ms(&h, 0.5) - 500.0).abs() < 1.0, "{}", ms(&h, 0.5));
-        assert!((ms(&h, 0.99) - 990.0).abs() < 1.5);
-        assert_eq!(ms(&histogram(), 0.5), 0.0);
-    }
-
-    /// A leader that accepts every publish, numbering messages in arrival order, and
-    /// forwards them to WebSocket subscribers.
-    async fn accepting_leader() -> String {
-        use axum::extract::ws::{Message as AxMessage, WebSocketUpgrade};
-        use axum::routing::{get, post};
-        use axum::{Json, Router};
-        // One lock assigns a sequence and feeds it, so subscribers see sequence order.
-        let next = Arc::new(std::sync::Mutex::new(0u64));
-        let (feed, _) = tokio::sync::broadcast::channel::<String>(100_000);
-        crate::test_support::serve_with(move |me| {
-            let cluster = crate::test_support::cluster_body("node-1", Some(&me), &[]);
-            let (single, batch) = (next.clone(), next.clone());
-            let (single_feed, batch_feed, sub_feed) = (feed.clone(), feed.clone(), feed);
-            let frame = |seq: u64, m: &Value| {
-                json!({"type": "message", "id": m["id"], "topic": "t", "sequence": seq,
-                       "payload": m["payload"], "timestamp": 1})
-                .to_string()
-            };
-            Router::new()
-                .route("/cluster", get(move || async move { Json(cluster) }))
-                .route(
-                    "/topics/{name}",
-                    post(|| async { Json(json!({"topic": "t", "created": true, "raft_index": 1})) }),
-                )
-                .route(
-                    "/topics/{name}/messages",
-                    post(move |Json(body): Json<Value>| async move {
-                        let seq = {
-                            let mut last = single.lock().unwrap_or_else(|p| p.into_inner());
-                            *last += 1;
-                            let _ = single_feed.send(frame(*last, &body));
-                            *last
-                        };
-                        (
-                            axum::http::StatusCode::CREATED,
-                            Json(json!({"id": body["id"], "topic": "t", "sequence": seq,
-                                        "raft_index": seq, "committed": true})),
-                        )
-                    }),
-                )
-                .route(
-                    "/topics/{name}/messages/batch",
-                    post(move |Json(body): Json<Value>| async move {
-                        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                        let mut last = batch.lock().unwrap_or_else(|p| p.into_inner());
-                        let results: Vec<Value> = msgs
-                            .iter()
-                            .map(|m| {
-                                *last += 1;
-                                let _ = batch_feed.send(frame(*last, m));
-                                json!({"id": m["id"], "sequence": *last})
-                            })
-                            .collect();
-                        drop(last);
-                        (
-                            axum::http::StatusCode::CREATED,
-                            Json(json!({"topic": "t", "results": results, "raft_index": 1,
-                                        "committed": true})),
-                        )
-                    }),
-                )
-                .route(
-                    "/topics/{name}/subscribe",
-                    get(move |ws: WebSocketUpgrade| async move {
-                        let mut rx = sub_feed.subscribe();
-                        ws.on_upgrade(move |mut socket| async move {
-                            let hello = json!({"type": "control", "subtype": "subscribed",
-                                               "topic": "t", "cursor": 0, "subscriber_id": "s"});
-                            let _ = socket.send(AxMessage::Text(hello.to_string().into())).await;
-                            while let Ok(text) = rx.recv().await {
-                                if socket.send(AxMessage::Text(text.into())).await.is_err() {
-                                    break;
-                                }
-                            }
-                        })
-                    }),
-                )
-        })
-        .await
-    }
-
-    fn config(messages: u64, batch: usize) -> BenchConfig {
-        BenchConfig {
-            topic: "t".into(),
-            publishers: 3,
-            inflight: 4,
-            messages,
-            payload_bytes: 100,
-            batch,
-            subscribers: 0,
-            duration: None,
-            ack: AckMode::Committed,
-            drain_timeout: Duration::from_secs(1),
-            progress: false,
-        }
-    }
-
-    #[tokio::test]
-    async fn bench_publishes_exactly_the_requested_messages_singly_and_in_batches() {
-        let node = accepting_leader().await;
-        let client = crate::test_support::fast_client(&[&node]);
-        for (messages, batch) in [(101, 1), (2_345, 100)] {
-            let report = match run(&client, &config(messages, batch)).await {
-                Ok(r) => r,
-                Err(e) => panic!("{e}"),
-            };
-            assert_eq!(report.messages, messages);
-            assert_eq!(report.errors, 0);
-            assert_eq!(report.workload, "publish");
-            assert!(report.msgs_per_sec > 0.0);
-            assert!(report.p50_ms <= report.p99_ms && report.p99_ms <= report.max_ms);
-            assert!(report.deliver_p50_ms.is_none());
-        }
-    }
-
-    #[tokio::test]
-    async fn bench_subscribers_receive_every_message_and_measure_deliver_latency() {
-        let node = accepting_leader().await;
-        let client = crate::test_support::fast_client(&[&node]);
-        let mut cfg = config(500, 1);
-        cfg.subscribers = 2;
-        let report = match run(&client, &cfg).await {
-            Ok(r) => r,
-            Err(e) => panic!("{e}"),
-        };
-        assert_eq!(report.workload, "publish_fanout");
-        assert_eq!(report.messages, 500);
-        assert_eq!(report.delivered, Some(1000));
-        assert_eq!(report.deliver_missing, Some(0));
-        assert_eq!(report.deliver_errors, Some(0));
-        assert!(report.deliver_p50_ms.is_some_and(|p| p >= 0.0));
-    }
-
-    #[tokio::test]
-    async fn bench_against_a_dead_cluster_fails_before_publishing() {
-        let dead = crate::test_support::dead_address().await;
-        let client = crate::test_support::fast_client(&[&dead]);
-        let outcome = run(&client, &config(10, 1)).await;
-        assert!(matches!(outcome, Err(e) if e.is_unreachable()));
-    }
-}
+mod tests;

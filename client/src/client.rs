@@ -537,7 +537,7 @@ impl Client {
 }
 
 /// Gives the message an id if it has none, checks its length and returns it.
-fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
+pub(crate) fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
     let id = message.id.get_or_insert_with(|| uuid::Uuid::new_v4().to_string()).clone();
     if id.is_empty() || id.chars().count() > limits::MESSAGE_ID_CHARS_MAX {
         return Err(Error::InvalidArgument(format!(
@@ -552,6 +552,7 @@ mod call;
 mod nodes;
 
 use call::Call;
+pub(crate) use call::{exhausted, Failure};
 
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,13 @@ pub(crate) fn subscribe_url(base: &Url, topic: &str, subscriber_id: &str, cursor
     url
 }
 
+/// `ws://HOST:PORT/topics/:name/publish` (API.md §8).
+pub(crate) fn publish_url(base: &Url, topic: &str) -> Url {
+    let mut url = http_url(base, &["topics", topic, "publish"], &[]);
+    let _ = url.set_scheme("ws");
+    url
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +162,11 @@ mod tests {
             subscribe_url(&b, "t", "s 1", Cursor::Acked).as_str(),
             "ws://h:1/topics/t/subscribe?subscriber_id=s+1&cursor=acked"
         );
+    }
+
+    #[test]
+    fn publish_url_is_a_websocket_url_with_the_topic_encoded() {
+        assert_eq!(publish_url(&base("h:1"), "orders").as_str(), "ws://h:1/topics/orders/publish");
+        assert_eq!(publish_url(&base("h:1"), "a b").as_str(), "ws://h:1/topics/a%20b/publish");
     }
 }

@@ -84,6 +84,30 @@ impl ErrorCode {
             ErrorCode::Other(other) => other,
         }
     }
+
+    /// The HTTP status the API answers this code with (API.md §1). A WebSocket error frame
+    /// carries a code but no status; this gives its [`ApiError`] the status the same refusal
+    /// has over HTTP, so callers can treat both alike. Unknown codes count as `500`.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ErrorCode::NotLeader => 307,
+            ErrorCode::NoLeader => 503,
+            ErrorCode::TopicNotFound => 404,
+            ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateMessageId => 409,
+            ErrorCode::InvalidCursor | ErrorCode::InvalidRequest | ErrorCode::InvalidTopicName => 400,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::RaftTimeout => 504,
+            ErrorCode::NotCommitted => 500,
+            ErrorCode::Other(other) => match other.as_str() {
+                "unavailable" | "not_ready" => 503,
+                "not_found" => 404,
+                "method_not_allowed" => 405,
+                _ => 500,
+            },
+        }
+    }
 }
 
 impl fmt::Display for ErrorCode {
@@ -287,6 +311,24 @@ mod tests {
             assert_eq!(parsed.as_str(), code);
         }
         assert_eq!(ErrorCode::parse("brand_new"), ErrorCode::Other("brand_new".into()));
+    }
+
+    #[test]
+    fn each_code_has_the_status_of_the_contract_table() {
+        for (code, status) in [
+            ("not_leader", 307),
+            ("no_leader", 503),
+            ("topic_not_found", 404),
+            ("duplicate_message_id", 409),
+            ("invalid_request", 400),
+            ("payload_too_large", 413),
+            ("raft_timeout", 504),
+            ("not_committed", 500),
+            ("unavailable", 503),
+            ("brand_new", 500),
+        ] {
+            assert_eq!(ErrorCode::parse(code).http_status(), status, "{code}");
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@
 //! - [`subscription`]: [`Subscription`], [`Acker`], [`Event`], [`SubscribeOptions`]: the
 //!   WebSocket stream and its reconnect task; the pure resume and dedup rules are
 //!   `subscription/tracker.rs`.
+//! - [`publisher`]: [`Publisher`], many publishes in flight on one WebSocket to the leader
+//!   (API.md §8); opening it is `publisher/connect.rs`, its two tasks and the map of waiting
+//!   publishes `publisher/connection.rs`, the frames `publisher/wire.rs`.
 //! - [`endpoint`]: node addresses, URLs of the contract, [`Cursor`].
 //! - [`retry`]: [`RetryPolicy`], backoff with jitter, what each answer means for a retry.
 //! - [`types`]: wire types (request and response bodies, frames).
@@ -45,6 +48,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod limits;
+pub mod publisher;
 pub mod retry;
 pub mod subscription;
 pub mod types;
@@ -55,6 +59,7 @@ mod test_support;
 pub use client::{Client, ClientBuilder, ClientConfig, ReadOptions};
 pub use endpoint::Cursor;
 pub use error::{ApiError, Error, ErrorCode};
+pub use publisher::Publisher;
 pub use retry::RetryPolicy;
 pub use subscription::{Acker, Event, SubscribeOptions, Subscription};
 pub use types::{

@@ -58,6 +58,29 @@ pub const SUBSCRIPTION_EVENTS_BUFFERED: usize = 256;
 /// How long [`crate::Subscription::close`] waits for the last ack and the close handshake.
 pub const SUBSCRIPTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Publishes in flight on one [`crate::Publisher`] connection: the server's own limit
+/// (API.md §8). Past it the server stops reading the socket, so more would only wait in
+/// socket buffers where no timeout sees them; the publisher makes callers wait for a slot.
+pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
+
+/// Largest publish frame the server reads: its single-publish body limit, a 1 MiB payload
+/// plus 64 KiB for the other fields (API.md §7). A larger frame makes the server drop the
+/// connection, failing every publish in flight on it, so the publisher refuses it locally.
+pub const PUBLISH_WS_FRAME_BYTES_MAX: usize = 1024 * 1024 + 64 * 1024;
+
+// API.md §1: a payload of exactly 1 MiB is accepted, so its frame must be too.
+const _: () = assert!(PUBLISH_WS_FRAME_BYTES_MAX > 1024 * 1024);
+
+/// WebSockets (subscriptions, `--transport ws` publishers) `pubsub bench` opens at once.
+/// Each is an upgrade and, for a subscription, a first frame; opened one by one, 1,000
+/// subscribers take a round trip each, and all at once they are a burst on the nodes.
+pub const BENCH_CONNECTS_CONCURRENT: usize = 64;
+
+/// Messages a paced bench (`--rate`) may send back to back to catch up after falling behind
+/// its schedule. Beyond it the schedule slips instead, so a stall is not followed by a burst
+/// that would distort the latency of a fixed-rate run.
+pub const BENCH_PACE_CATCH_UP_MAX: u32 = 4;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,3 +71,20 @@ pub(crate) fn cluster_body(node: &str, leader: Option<&str>, peers: &[&str]) -> 
         "peers": peers, "raft_term": 1, "commit_index": 1, "role": "follower", "last_applied": 1
     })
 }
+
+/// The `ack` a publishing WebSocket (API.md §8) answers `frame` with, as `sequence`.
+pub(crate) fn publish_ack(frame: &serde_json::Value, sequence: u64) -> String {
+    serde_json::json!({"type": "ack", "ref": frame["ref"], "id": frame["id"], "sequence": sequence,
+                       "raft_index": sequence + 100})
+    .to_string()
+}
+
+/// The next text frame of a server-side WebSocket, as JSON; `None` once the client is gone.
+pub(crate) async fn next_json(socket: &mut axum::extract::ws::WebSocket) -> Option<serde_json::Value> {
+    while let Some(Ok(message)) = socket.recv().await {
+        if let axum::extract::ws::Message::Text(text) = message {
+            return serde_json::from_str(&text).ok();
+        }
+    }
+    None
+}

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
+use crate::bench::Transport;
 use crate::endpoint::Cursor;
 use crate::types::AckMode;
 
@@ -196,7 +197,7 @@ pub struct BenchArgs {
     /// Concurrent publishers.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub publishers: u32,
-    /// Requests in flight per publisher.
+    /// Requests (ws: publishes) in flight per publisher.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub inflight: u32,
     /// Messages to publish in total.
@@ -217,12 +218,36 @@ pub struct BenchArgs {
     /// Stop publishing after this many seconds.
     #[arg(long)]
     pub duration_secs: Option<u64>,
-    /// Ack mode of single publishes.
+    /// Ack mode of single HTTP publishes.
     #[arg(long, value_enum, default_value_t = AckArg::Committed)]
     pub ack: AckArg,
+    /// How publishers send.
+    #[arg(long, value_enum, default_value_t = TransportArg::Http)]
+    pub transport: TransportArg,
+    /// Total messages per second of all publishers, evenly spaced (default: unpaced).
+    #[arg(long, value_name = "MSGS_PER_SEC", value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Seconds subscribers may take after the last ack to receive everything.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
+}
+
+/// `--transport` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// One HTTP request per publish (or per batch).
+    Http,
+    /// One WebSocket per publisher with --inflight publishes on it (--batch 1 only).
+    Ws,
+}
+
+impl From<TransportArg> for Transport {
+    fn from(transport: TransportArg) -> Transport {
+        match transport {
+            TransportArg::Http => Transport::Http,
+            TransportArg::Ws => Transport::Ws,
+        }
+    }
 }
 
 /// `latest` | `acked` | a sequence number.
@@ -234,6 +259,14 @@ pub fn parse_cursor(s: &str) -> Result<Cursor, String> {
             .parse::<u64>()
             .map(Cursor::After)
             .map_err(|_| format!("expected a sequence number, `latest` or `acked`, not {n:?}")),
+    }
+}
+
+/// A rate in messages per second: a finite number above 0.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!("expected messages per second above 0, not {s:?}")),
     }
 }
 

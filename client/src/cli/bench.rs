@@ -2,12 +2,14 @@
 
 use std::time::Duration;
 
-use super::args::BenchArgs;
+use super::args::{AckArg, BenchArgs, TransportArg};
 use super::{CliError, Output};
 use crate::bench::{self, BenchConfig, BenchReport};
 use crate::client::Client;
+use crate::limits;
 
 pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Result<(), CliError> {
+    check(&args)?;
     let config = BenchConfig {
         topic: args.topic.unwrap_or_else(|| format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])),
         publishers: args.publishers as usize,
@@ -18,6 +20,8 @@ pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Re
         subscribers: args.subscribers as usize,
         duration: args.duration_secs.map(Duration::from_secs),
         ack: args.ack.into(),
+        transport: args.transport.into(),
+        rate: args.rate,
         drain_timeout: Duration::from_secs(args.drain_secs),
         progress: output.progress(),
     };
@@ -38,12 +42,39 @@ pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Re
     Ok(())
 }
 
+/// Refuses flag combinations the ws transport cannot run, as usage errors.
+pub(super) fn check(args: &BenchArgs) -> Result<(), CliError> {
+    if args.transport != TransportArg::Ws {
+        return Ok(());
+    }
+    if args.batch != 1 {
+        return Err(CliError::Usage("--transport ws publishes one message per frame: use --batch 1".into()));
+    }
+    if args.ack != AckArg::Committed {
+        return Err(CliError::Usage("--transport ws acks after commit only: drop --ack appended".into()));
+    }
+    if args.inflight as usize > limits::PUBLISH_WS_INFLIGHT_MAX {
+        return Err(CliError::Usage(format!(
+            "--transport ws allows at most {} publishes in flight per publisher (the server's limit)",
+            limits::PUBLISH_WS_INFLIGHT_MAX
+        )));
+    }
+    Ok(())
+}
+
 /// The report for people.
 fn summary(r: &BenchReport) -> Vec<String> {
     let mut lines = vec![
         format!(
-            "{}: {} publishers x {} in flight, batch {}, {} B payloads, topic {}",
-            r.workload, r.publishers, r.inflight, r.batch, r.payload_bytes, r.topic
+            "{}: {} publishers x {} in flight over {}, batch {}, {} B payloads, {}, topic {}",
+            r.workload,
+            r.publishers,
+            r.inflight,
+            r.transport.as_str(),
+            r.batch,
+            r.payload_bytes,
+            r.rate.map_or_else(|| "unpaced".to_string(), |rate| format!("{rate} msg/s")),
+            r.topic
         ),
         format!(
             "published {} messages in {:.2} s: {:.0} msg/s, {} errors",

@@ -128,6 +128,40 @@ fn bench_flags_parse_and_batch_is_bounded_by_the_endpoint_limit() {
     assert!(parse(&["bench", "--publishers", "0"]).is_err());
 }
 
+fn bench_args(argv: &[&str]) -> args::BenchArgs {
+    match parsed(&[&["bench"][..], argv].concat()).command {
+        Command::Bench(b) => b,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bench_transport_and_rate_parse_with_http_and_unpaced_as_defaults() {
+    let defaults = bench_args(&[]);
+    assert_eq!((defaults.transport, defaults.rate), (args::TransportArg::Http, None));
+    let ws = bench_args(&["--transport", "ws", "--rate", "1000.5", "--inflight", "64"]);
+    assert_eq!((ws.transport, ws.rate), (args::TransportArg::Ws, Some(1000.5)));
+    assert!(bench::check(&ws).is_ok());
+    for bad in [["--rate", "0"], ["--rate", "-5"], ["--rate", "NaN"], ["--rate", "inf"], ["--transport", "tcp"]] {
+        assert!(parse(&[&["bench"][..], &bad[..]].concat()).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn bench_over_ws_refuses_batches_appended_acks_and_more_in_flight_than_the_server_allows() {
+    for argv in [
+        &["--transport", "ws", "--batch", "10"][..],
+        &["--transport", "ws", "--ack", "appended"],
+        &["--transport", "ws", "--inflight", "5000"],
+    ] {
+        match bench::check(&bench_args(argv)) {
+            Err(e) => assert_eq!(e.exit_code(), EXIT_USAGE, "{argv:?}"),
+            Ok(()) => panic!("{argv:?} accepted"),
+        }
+    }
+    assert!(bench::check(&bench_args(&["--batch", "10", "--ack", "appended", "--inflight", "5000"])).is_ok());
+}
+
 #[test]
 fn text_that_is_not_json_is_published_as_a_json_string() {
     assert_eq!(payload_from_text(r#"{"a":1}"#), json!({"a": 1}));

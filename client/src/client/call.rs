@@ -14,9 +14,10 @@ use crate::limits;
 use crate::retry::{classify, Verdict};
 use crate::types::ClusterInfo;
 
-/// Why one attempt failed, kept to report the last one when the budget runs out.
+/// Why one attempt failed, kept to report the last one when the budget runs out. Shared with
+/// the publisher's connect loop, so both report a spent budget alike.
 #[derive(Debug)]
-enum Failure {
+pub(crate) enum Failure {
     /// Could not connect, or the connection broke or timed out.
     Transport {
         /// The transport error.
@@ -101,7 +102,7 @@ impl Reply {
 impl Client {
     /// One pass of `GET /cluster` over the known nodes, starting at the round-robin position,
     /// until one names a leader.
-    async fn discover(&self, timeout: Duration) -> Result<Url, Failure> {
+    pub(crate) async fn discover(&self, timeout: Duration) -> Result<Url, Failure> {
         let mut last = Failure::NoLeader;
         for _ in 0..self.node_count() {
             let node = self.next_node();
@@ -238,7 +239,7 @@ fn transport_failure(error: reqwest::Error) -> Failure {
 }
 
 /// The error to report when the budget ran out, named after the last failure.
-fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
+pub(crate) fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
     match failure {
         Failure::NoLeader => Error::NoLeader { attempts, elapsed },
         Failure::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },

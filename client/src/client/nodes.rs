@@ -29,7 +29,7 @@ impl Client {
         self.lock_nodes().known.len()
     }
 
-    pub(super) fn leader(&self) -> Option<Url> {
+    pub(crate) fn leader(&self) -> Option<Url> {
         self.lock_nodes().leader.clone()
     }
 
@@ -43,7 +43,7 @@ impl Client {
 
     /// Forgets the cached leader if it is still `failed` (another task may have found a new
     /// one meanwhile).
-    pub(super) fn forget_leader(&self, failed: &Url) {
+    pub(crate) fn forget_leader(&self, failed: &Url) {
         let mut nodes = self.lock_nodes();
         if nodes.leader.as_ref() == Some(failed) {
             nodes.leader = None;

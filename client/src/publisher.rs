@@ -1,0 +1,285 @@
+//! [`Publisher`]: many publishes in flight on one WebSocket to the leader (API.md §8).
+//!
+//! One HTTP request per publish costs a request's parsing and a response each; a publishing
+//! WebSocket carries frames both ways on one connection instead. Each publish gets a `ref`
+//! (a counter) and waits on a oneshot channel kept in a map under that ref; a writer task
+//! sends the frames and a reader task hands each answer to the waiter its `ref` names, so
+//! answers may come in any order (the server answers in commit order). When the connection
+//! drops, every waiter is told at once.
+//!
+//! A publisher does not reconnect. Once its connection is gone every `publish` fails fast,
+//! and the caller opens a new one with [`Client::publisher`], which finds the (possibly new)
+//! leader the way HTTP calls do.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::Url;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::AbortHandle;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::client::{ensure_id, Client};
+use crate::error::{ApiError, Error, ErrorCode};
+use crate::limits;
+use crate::retry::{classify, Verdict};
+use crate::types::{NewMessage, PublishAck};
+
+use connection::{Pending, Waiter};
+use wire::Answer;
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A publishing connection to the leader for one topic. Cheap to clone; clones share the
+/// connection, and any number of [`Publisher::publish`] calls may be in flight at once, from
+/// clones or from concurrent futures of one handle.
+///
+/// An answer means what the HTTP publish's `201` means: committed on a majority and applied.
+/// Unlike [`Client::publish_message`], a publisher does not retry: a `no_leader`,
+/// `raft_timeout` or `not_committed` answer, or a lost connection, comes back as an error.
+/// To retry safely, give messages their own ids ([`NewMessage::with_id`]) and publish again
+/// with the same id (on a new publisher if the connection is gone): the server deduplicates.
+///
+/// The connection is dropped when the last clone is.
+///
+/// ```no_run
+/// use futures_util::future::try_join_all;
+/// use pubsub_client::{Client, NewMessage};
+/// use serde_json::json;
+///
+/// # async fn run() -> Result<(), pubsub_client::Error> {
+/// let client = Client::new(["127.0.0.1:8081", "127.0.0.1:8082"])?;
+/// let publisher = client.publisher("orders").await?;
+/// // 100 publishes in flight on one connection.
+/// let acks = try_join_all((0..100).map(|n| {
+///     publisher.publish(NewMessage::new(json!({"n": n})).with_id(format!("order-{n}")))
+/// }))
+/// .await?;
+/// println!("last sequence {:?}", acks.iter().filter_map(|a| a.sequence).max());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    /// Shared by clones; the connection closes when the last one goes.
+    shared: Arc<Shared>,
+}
+
+/// What clones of a [`Publisher`] share.
+struct Shared {
+    /// For the leader cache (an answer may name a new leader) and the timeouts.
+    client: Client,
+    /// The topic every publish goes to.
+    topic: String,
+    /// The node the connection is open to (the leader when it was opened).
+    node: Url,
+    /// Frames to the writer task. When the last sender goes, the writer closes the socket.
+    frames: mpsc::Sender<String>,
+    /// Publishes waiting for their answer; shared with the connection tasks.
+    pending: Arc<Pending>,
+    /// One permit per publish in flight, [`limits::PUBLISH_WS_INFLIGHT_MAX`] in all.
+    slots: Arc<Semaphore>,
+    /// The next `ref`.
+    next_ref: AtomicU64,
+    /// The reader task, which holds no handle on `Shared` and so is stopped by its drop.
+    reader: AbortHandle,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Publisher")
+            .field("topic", &self.shared.topic)
+            .field("node", &self.shared.node.as_str())
+            .field("in_flight", &self.in_flight())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Opens a publishing WebSocket for `topic` on the leader, found and followed like the
+    /// HTTP writes find it (the cached leader, else `GET /cluster`; a follower's `307` names
+    /// the leader; `503 no_leader` and connection errors are retried with backoff within the
+    /// retry budget). `404 topic_not_found` and other refusals of the upgrade come back as
+    /// [`Error::Api`].
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// use pubsub_client::NewMessage;
+    /// use serde_json::json;
+    /// let publisher = client.publisher("orders").await?;
+    /// let ack = publisher.publish(NewMessage::new(json!({"status": "shipped"}))).await?;
+    /// println!("{} is #{:?}", ack.id, ack.sequence);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn publisher(&self, topic: &str) -> Result<Publisher, Error> {
+        let (socket, node) = connect::connect(self, topic).await?;
+        Ok(Publisher::start(self.clone(), topic, node, socket))
+    }
+}
+
+impl Publisher {
+    fn start(client: Client, topic: &str, node: Url, socket: Socket) -> Publisher {
+        let slots = Arc::new(Semaphore::new(limits::PUBLISH_WS_INFLIGHT_MAX));
+        let pending = Arc::new(Pending::new(slots.clone()));
+        // Never full: a frame is queued only by a publish holding one of the slots.
+        let (frames, queued) = mpsc::channel(limits::PUBLISH_WS_INFLIGHT_MAX);
+        let reader = connection::spawn(socket, queued, pending.clone());
+        Publisher {
+            shared: Arc::new(Shared {
+                client,
+                topic: topic.to_string(),
+                node,
+                frames,
+                pending,
+                slots,
+                next_ref: AtomicU64::new(0),
+                reader,
+            }),
+        }
+    }
+
+    /// Publishes one message and waits until it is committed, or refused.
+    ///
+    /// The message gets a generated id when it has none. At most
+    /// [`limits::PUBLISH_WS_INFLIGHT_MAX`] publishes are in flight on one connection; past
+    /// that, a call waits for an answer to free a slot before it sends.
+    ///
+    /// Errors, mapped as the HTTP publish maps the same answers:
+    /// - [`Error::Api`] for a refusal (`duplicate_message_id`, `topic_not_found`,
+    ///   `payload_too_large`, `raft_timeout`, `not_committed`, `not_leader`, ...), with the
+    ///   status the HTTP API gives that code; a `not_leader` answer updates the client's
+    ///   leader cache, so the next [`Client::publisher`] goes to the new leader;
+    /// - [`Error::NoLeader`] for `no_leader`;
+    /// - [`Error::Unreachable`] when the connection is gone (before or while waiting): the
+    ///   message may or may not have been committed, and this publisher is done;
+    /// - [`Error::Timeout`] when no answer came within the client's request timeout (longer
+    ///   than the server's write timeout): the connection is presumed dead and closed;
+    /// - [`Error::InvalidArgument`] for an id or a frame the server would refuse (checked
+    ///   locally; a frame over [`limits::PUBLISH_WS_FRAME_BYTES_MAX`] would make the server
+    ///   drop the connection).
+    pub async fn publish(&self, mut message: NewMessage) -> Result<PublishAck, Error> {
+        let shared = &*self.shared;
+        let id = ensure_id(&mut message)?;
+        let reference = shared.next_ref.fetch_add(1, Ordering::Relaxed);
+        let frame = wire::publish_frame(reference, &id, &message)?;
+        if frame.len() > limits::PUBLISH_WS_FRAME_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a publish frame is at most {} bytes, this one is {} (the payload is at most 1 MiB)",
+                limits::PUBLISH_WS_FRAME_BYTES_MAX,
+                frame.len()
+            )));
+        }
+        // The pending map closes the semaphore when the connection goes, waking this.
+        let slot = match shared.slots.clone().acquire_owned().await {
+            Ok(slot) => slot,
+            Err(_) => return Err(self.lost()),
+        };
+        let (reply, answer) = oneshot::channel();
+        if shared.pending.insert(reference, Waiter { reply, _slot: slot }).is_err() {
+            return Err(self.lost());
+        }
+        let started = Instant::now();
+        // No await between registering and queueing, so a caller giving up cannot leave a
+        // waiter whose frame was never sent. The queue has room: every frame in it holds a slot.
+        if shared.frames.try_send(frame).is_err() {
+            shared.pending.close("the connection's writer stopped");
+            return Err(self.lost());
+        }
+        let timeout = shared.client.config().request_timeout;
+        let answer = match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(Ok(answer))) => answer,
+            Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(self.lost()),
+            Err(_) => {
+                // The server answers within its write timeout, which this outlasts: the
+                // connection is half-open or the node stuck. Fail everything waiting on it.
+                shared.pending.close(&format!("no answer to a publish within {timeout:?}"));
+                return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
+            }
+        };
+        match answer {
+            Answer::Acked { id, sequence, raft_index } => Ok(PublishAck {
+                id,
+                topic: shared.topic.clone(),
+                sequence: Some(sequence),
+                raft_index: Some(raft_index),
+                committed: true,
+                duplicate: false,
+            }),
+            Answer::Refused(error) => Err(self.refused(error, started.elapsed())),
+            Answer::Malformed(reason) => Err(Error::Protocol { url: self.url(), reason }),
+        }
+    }
+
+    /// The topic this publisher publishes to.
+    pub fn topic(&self) -> &str {
+        &self.shared.topic
+    }
+
+    /// Base URL of the node the connection is open to.
+    pub fn node(&self) -> &str {
+        self.shared.node.as_str()
+    }
+
+    /// Publishes sent and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.shared.pending.len()
+    }
+
+    /// True once the connection is gone; every later [`Publisher::publish`] fails, and a new
+    /// publisher is needed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.pending.closed_reason().is_some()
+    }
+
+    fn url(&self) -> String {
+        crate::endpoint::publish_url(&self.shared.node, &self.shared.topic).to_string()
+    }
+
+    /// The error of a publish that cannot be answered because the connection is gone.
+    fn lost(&self) -> Error {
+        let reason = self.shared.pending.closed_reason().unwrap_or_else(|| "connection closed".into());
+        Error::Unreachable {
+            attempts: 1,
+            source: format!(
+                "publish connection {} lost ({reason}); an unanswered publish may or may not have committed",
+                self.url()
+            )
+            .into(),
+        }
+    }
+
+    /// Maps an error frame as the HTTP path maps the same answer, and keeps what it says
+    /// about the leader.
+    fn refused(&self, error: ApiError, elapsed: Duration) -> Error {
+        let client = &self.shared.client;
+        match classify(error.status, Some(&error), None) {
+            Verdict::Redirect(Some(leader)) => client.set_leader(leader),
+            Verdict::Redirect(None) | Verdict::Retry { forget_leader: true, .. } => {
+                client.forget_leader(&self.shared.node)
+            }
+            Verdict::Retry { .. } | Verdict::Done => {}
+        }
+        if error.code == ErrorCode::NoLeader {
+            return Error::NoLeader { attempts: 1, elapsed };
+        }
+        Error::Api(error)
+    }
+}
+
+mod connect;
+mod connection;
+mod wire;
+
+#[cfg(test)]
+mod tests;

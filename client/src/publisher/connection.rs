@@ -1,0 +1,172 @@
+//! The two tasks of a publishing connection and the map of publishes waiting for answers.
+//!
+//! The writer sends queued frames, as many as are waiting in one flush. The reader pairs
+//! each answer with its waiter by `ref`. Whichever of them sees the connection fail closes
+//! the [`Pending`] map, which tells every waiter and refuses new ones, so no publish waits
+//! on a connection that is gone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+use super::wire::{self, Answer};
+use super::Socket;
+
+/// Why a waiter got no answer: the connection is gone, for this reason.
+pub(super) type Lost = Arc<str>;
+
+/// A publish waiting for its answer.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    /// Where its answer goes.
+    pub(super) reply: oneshot::Sender<Result<Answer, Lost>>,
+    /// Its in-flight slot, freed with the waiter: when the answer came, or the connection went.
+    pub(super) _slot: OwnedSemaphorePermit,
+}
+
+/// Publishes waiting for answers, by `ref`, and whether the connection is gone.
+#[derive(Debug)]
+pub(super) struct Pending {
+    /// A plain mutex: held for a map operation, never across an await.
+    state: Mutex<State>,
+    /// The publishers' in-flight slots, closed with the map to wake publishes waiting for one.
+    slots: Arc<Semaphore>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    waiting: HashMap<u64, Waiter>,
+    /// Set once, when the connection is gone.
+    closed: Option<Lost>,
+}
+
+impl Pending {
+    pub(super) fn new(slots: Arc<Semaphore>) -> Pending {
+        Pending { state: Mutex::new(State::default()), slots }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every operation leaves the map whole, so a panic elsewhere cannot corrupt it.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a waiter; hands it back when the connection is already gone (checked under
+    /// the same lock `close` drains with, so no waiter is ever left behind).
+    pub(super) fn insert(&self, reference: u64, waiter: Waiter) -> Result<(), Waiter> {
+        let mut state = self.lock();
+        if state.closed.is_some() {
+            return Err(waiter);
+        }
+        state.waiting.insert(reference, waiter);
+        Ok(())
+    }
+
+    /// Hands `answer` to the waiter of `reference`; false when there is none.
+    pub(super) fn resolve(&self, reference: u64, answer: Answer) -> bool {
+        let waiter = self.lock().waiting.remove(&reference);
+        match waiter {
+            Some(waiter) => {
+                // The publish may have been given up (its future dropped); nothing to do then.
+                let _ = waiter.reply.send(Ok(answer));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks the connection gone and fails every waiter with `reason`. Only the first
+    /// reason is kept.
+    pub(super) fn close(&self, reason: &str) {
+        let (waiting, reason) = {
+            let mut state = self.lock();
+            let reason: Lost = state.closed.get_or_insert_with(|| Arc::from(reason)).clone();
+            (std::mem::take(&mut state.waiting), reason)
+        };
+        self.slots.close();
+        for waiter in waiting.into_values() {
+            let _ = waiter.reply.send(Err(reason.clone()));
+        }
+    }
+
+    /// Why the connection is gone, once it is.
+    pub(super) fn closed_reason(&self) -> Option<Lost> {
+        self.lock().closed.clone()
+    }
+
+    /// Publishes waiting for an answer.
+    pub(super) fn len(&self) -> usize {
+        self.lock().waiting.len()
+    }
+}
+
+/// Starts the writer and the reader of `socket`; returns the reader's handle (the writer
+/// stops by itself when the frame senders are gone).
+pub(super) fn spawn(socket: Socket, frames: mpsc::Receiver<String>, pending: Arc<Pending>) -> AbortHandle {
+    let (sink, stream) = socket.split();
+    let writer = tokio::spawn(write(sink, frames, pending.clone())).abort_handle();
+    tokio::spawn(read(stream, pending, writer)).abort_handle()
+}
+
+/// Sends frames until every sender is gone, then closes the socket.
+async fn write(mut sink: SplitSink<Socket, WsMessage>, mut frames: mpsc::Receiver<String>, pending: Arc<Pending>) {
+    while let Some(first) = frames.recv().await {
+        let mut sent = sink.feed(WsMessage::text(first)).await;
+        // Frames queued meanwhile go out with this one: one flush, fewer syscalls under load.
+        while sent.is_ok() {
+            match frames.try_recv() {
+                Ok(frame) => sent = sink.feed(WsMessage::text(frame)).await,
+                Err(_) => break,
+            }
+        }
+        if sent.is_ok() {
+            sent = sink.flush().await;
+        }
+        if let Err(e) = sent {
+            pending.close(&format!("sending failed: {e}"));
+            return;
+        }
+    }
+    let _ = sink.send(WsMessage::Close(None)).await;
+}
+
+/// Hands answers to their waiters until the connection ends, then closes the map and stops
+/// the writer.
+async fn read(mut stream: SplitStream<Socket>, pending: Arc<Pending>, writer: AbortHandle) {
+    let reason = loop {
+        match stream.next().await {
+            Some(Ok(WsMessage::Text(text))) => on_text(&pending, &text),
+            Some(Ok(WsMessage::Close(frame))) => {
+                break match frame {
+                    Some(f) => format!("the node closed the connection: {} {}", f.code, f.reason),
+                    None => "the node closed the connection".to_string(),
+                }
+            }
+            // Pings are answered by tungstenite; nothing else is expected.
+            Some(Ok(_)) => {}
+            Some(Err(e)) => break format!("receiving failed: {e}"),
+            None => break "the connection ended".to_string(),
+        }
+    };
+    tracing::debug!(%reason, "publish connection closed");
+    pending.close(&reason);
+    writer.abort();
+}
+
+fn on_text(pending: &Pending, text: &str) {
+    match wire::parse_answer(text) {
+        Ok((Some(reference), answer)) => {
+            if !pending.resolve(reference, answer) {
+                tracing::debug!(reference, "answer to a publish no longer waiting");
+            }
+        }
+        // Not ours to pair (a `ref: null` answer to a frame the server could not read): the
+        // publish it concerns, if any, ends with its timeout.
+        Ok((None, answer)) => tracing::warn!(?answer, "publish answer without a ref of this client"),
+        Err(reason) => tracing::warn!(%reason, "unreadable frame on a publish connection"),
+    }
+}

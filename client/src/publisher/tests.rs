@@ -1,0 +1,279 @@
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message as AxMessage, WebSocket, WebSocketUpgrade};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::future::join_all;
+use serde_json::json;
+
+use super::*;
+use crate::test_support::{cluster_body, error_response, fast_client, next_json, publish_ack, serve_with};
+
+/// A leader whose publishing WebSocket runs `session`.
+async fn leader<F, Fut>(session: F) -> String
+where
+    F: Fn(WebSocket) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/topics/{name}/publish",
+            get(move |ws: WebSocketUpgrade| {
+                let session = session.clone();
+                async move { ws.on_upgrade(session) }
+            }),
+        )
+    })
+    .await
+}
+
+async fn send(socket: &mut WebSocket, text: String) {
+    let _ = socket.send(AxMessage::Text(text.into())).await;
+}
+
+async fn open(client: &Client) -> Publisher {
+    match client.publisher("t").await {
+        Ok(p) => p,
+        Err(e) => panic!("publisher: {e}"),
+    }
+}
+
+fn message(id: &str) -> NewMessage {
+    NewMessage::new(json!({"n": id})).with_id(id)
+}
+
+#[tokio::test]
+async fn acks_are_paired_by_ref_even_when_they_come_in_reverse_order() {
+    let node = leader(|mut socket| async move {
+        let mut frames = Vec::new();
+        while frames.len() < 3 {
+            match next_json(&mut socket).await {
+                Some(frame) => frames.push(frame),
+                None => return,
+            }
+        }
+        // Sequence by arrival, answers last to first.
+        let acks: Vec<String> = frames.iter().zip(1..).map(|(f, seq)| publish_ack(f, seq)).collect();
+        for ack in acks.into_iter().rev() {
+            send(&mut socket, ack).await;
+        }
+        while next_json(&mut socket).await.is_some() {}
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let clone = publisher.clone();
+    let outcomes =
+        join_all([publisher.publish(message("a")), clone.publish(message("b")), publisher.publish(message("c"))]).await;
+    let mut sequences = Vec::new();
+    for (outcome, id) in outcomes.into_iter().zip(["a", "b", "c"]) {
+        match outcome {
+            Ok(ack) => {
+                assert_eq!(ack.id, id);
+                assert_eq!(ack.topic, "t");
+                assert!(ack.committed && !ack.duplicate);
+                assert_eq!(ack.raft_index, ack.sequence.map(|s| s + 100));
+                sequences.extend(ack.sequence);
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+    sequences.sort_unstable();
+    assert_eq!(sequences, vec![1, 2, 3]);
+    assert_eq!(publisher.in_flight(), 0);
+    assert!(!publisher.is_closed());
+}
+
+#[tokio::test]
+async fn error_frames_map_to_the_errors_the_http_publish_gives() {
+    let node = leader(|mut socket| async move {
+        while let Some(frame) = next_json(&mut socket).await {
+            let id = frame["id"].as_str().unwrap_or_default().to_string();
+            let mut answer = json!({"type": "error", "ref": frame["ref"], "error": id, "message": "no", "details": {}});
+            match id.as_str() {
+                "duplicate_message_id" => {
+                    answer["id"] = json!(id);
+                    answer["existing_sequence"] = json!(42);
+                }
+                "not_leader" => answer["leader_address"] = json!("127.0.0.1:9"),
+                _ => {}
+            }
+            send(&mut socket, answer.to_string()).await;
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+
+    match publisher.publish(message("duplicate_message_id")).await {
+        Err(Error::Api(e)) => {
+            assert_eq!((e.status, e.code.clone()), (409, ErrorCode::DuplicateMessageId));
+            assert_eq!(e.existing_sequence(), Some(42));
+        }
+        other => panic!("{other:?}"),
+    }
+    match publisher.publish(message("topic_not_found")).await {
+        Err(Error::Api(e)) => assert_eq!((e.status, e.code), (404, ErrorCode::TopicNotFound)),
+        other => panic!("{other:?}"),
+    }
+    match publisher.publish(message("raft_timeout")).await {
+        Err(Error::Api(e)) => assert_eq!((e.status, e.code), (504, ErrorCode::RaftTimeout)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(publisher.publish(message("no_leader")).await, Err(Error::NoLeader { attempts: 1, .. })));
+    // `no_leader` forgets the cached leader; `not_leader` caches the one it names.
+    assert_eq!(client.cached_leader(), None);
+    match publisher.publish(message("not_leader")).await {
+        Err(Error::Api(e)) => assert_eq!((e.status, e.code), (307, ErrorCode::NotLeader)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(client.cached_leader().as_deref(), Some("http://127.0.0.1:9/"));
+    // Refusals leave the connection usable.
+    assert!(!publisher.is_closed());
+}
+
+#[tokio::test]
+async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
+    let received = Arc::new(AtomicUsize::new(0));
+    let seen = received.clone();
+    let node = leader(move |mut socket| {
+        let seen = seen.clone();
+        async move {
+            while seen.load(Ordering::SeqCst) < 2 {
+                if next_json(&mut socket).await.is_none() {
+                    return;
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            // Drops the socket with both publishes unanswered.
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let outcomes = join_all([publisher.publish(message("a")), publisher.publish(message("b"))]).await;
+    for outcome in outcomes {
+        assert!(matches!(&outcome, Err(e @ Error::Unreachable { .. }) if e.is_unreachable()), "{outcome:?}");
+    }
+    assert_eq!(received.load(Ordering::SeqCst), 2);
+    assert!(publisher.is_closed());
+    assert_eq!(publisher.in_flight(), 0);
+    let later = tokio::time::timeout(Duration::from_secs(1), publisher.publish(message("c"))).await;
+    assert!(matches!(later, Ok(Err(Error::Unreachable { .. }))), "{later:?}");
+}
+
+#[tokio::test]
+async fn an_unanswered_publish_times_out_and_closes_the_connection() {
+    let node = leader(|mut socket| async move { while next_json(&mut socket).await.is_some() {} }).await;
+    let client = match Client::builder([node]).request_timeout(Duration::from_millis(200)).build() {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let publisher = open(&client).await;
+    assert!(matches!(publisher.publish(message("a")).await, Err(Error::Timeout { attempts: 1, .. })));
+    assert!(publisher.is_closed());
+}
+
+#[tokio::test]
+async fn publishes_in_flight_are_bounded_by_the_servers_limit() {
+    let received = Arc::new(AtomicUsize::new(0));
+    let seen = received.clone();
+    let node = leader(move |mut socket| {
+        let seen = seen.clone();
+        async move {
+            while next_json(&mut socket).await.is_some() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let extra = 10;
+    let tasks: Vec<_> = (0..limits::PUBLISH_WS_INFLIGHT_MAX + extra)
+        .map(|n| {
+            let publisher = publisher.clone();
+            tokio::spawn(async move { publisher.publish(message(&format!("m{n}"))).await })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while received.load(Ordering::SeqCst) < limits::PUBLISH_WS_INFLIGHT_MAX && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A moment more: any publish past the limit would have been sent by now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(received.load(Ordering::SeqCst), limits::PUBLISH_WS_INFLIGHT_MAX);
+    assert_eq!(publisher.in_flight(), limits::PUBLISH_WS_INFLIGHT_MAX);
+    for task in tasks {
+        task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_frame_larger_than_the_server_reads_is_refused_before_sending() {
+    let node = leader(|mut socket| async move { while next_json(&mut socket).await.is_some() {} }).await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let huge = NewMessage::new(json!("x".repeat(limits::PUBLISH_WS_FRAME_BYTES_MAX)));
+    assert!(matches!(publisher.publish(huge).await, Err(Error::InvalidArgument(_))));
+    assert!(!publisher.is_closed());
+    assert_eq!(publisher.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn opening_follows_a_followers_redirect_to_the_leader() {
+    let leader_node = leader(|mut socket| async move {
+        while let Some(frame) = next_json(&mut socket).await {
+            send(&mut socket, publish_ack(&frame, 1)).await;
+        }
+    })
+    .await;
+    let to = leader_node.clone();
+    // A follower that believes itself the leader in `/cluster` but redirects the upgrade.
+    let follower = serve_with(move |me| {
+        let cluster = cluster_body("node-2", Some(&me), &[]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/topics/{name}/publish",
+            get(move || {
+                let to = to.clone();
+                async move { error_response(307, "not_leader", json!({"leader_id": "node-1", "leader_address": to})) }
+            }),
+        )
+    })
+    .await;
+    let client = fast_client(&[&follower]);
+    let publisher = open(&client).await;
+    assert_eq!(publisher.node(), format!("http://{leader_node}/"));
+    assert_eq!(client.cached_leader(), Some(format!("http://{leader_node}/")));
+    match publisher.publish(message("a")).await {
+        Ok(ack) => assert_eq!(ack.sequence, Some(1)),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_refused_at_the_upgrade() {
+    let node = serve_with(|me| {
+        let cluster = cluster_body("node-1", Some(&me), &[]);
+        Router::new()
+            .route("/cluster", get(move || async move { Json(cluster) }))
+            .route("/topics/{name}/publish", get(|| async { error_response(404, "topic_not_found", json!({})) }))
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    match client.publisher("t").await {
+        Err(Error::Api(e)) => assert_eq!(e.code, ErrorCode::TopicNotFound),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn opening_against_a_dead_cluster_is_unreachable() {
+    let dead = crate::test_support::dead_address().await;
+    let client = fast_client(&[&dead]);
+    assert!(matches!(client.publisher("t").await, Err(e) if e.is_unreachable()));
+}
