@@ -25,10 +25,10 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
 /// and writes waiting for the proposer (see `propose.rs`). One entry in flight measured best
-/// (3 nodes on 2 cores, 256 B publishes): 4.5–5.5k msgs/s at C=16 and 9.8–11.5k at C=64,
-/// against 2.7–3.1k and 6.4–8.0k with 4 in flight. Each entry costs a serial fsync on the
-/// leader and a round trip to the followers, so fewer, larger entries win; at C=256 both
-/// settings are bound by CPU and equal.
+/// (3 nodes on 2 cores, 256 B publishes, side by side): C=64 13.3–13.6k msgs/s with 1,
+/// 12.2–14.9k with 2, 11.0–11.6k with 4; WebSocket 4×64: 29–35k, 29–31k, 24–28k. Each entry
+/// costs a serial fsync on the leader and a round trip to the followers, so fewer, larger
+/// entries win.
 pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
