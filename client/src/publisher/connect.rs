@@ -104,7 +104,7 @@ pub(super) async fn connect(client: &Client, topic: &str) -> Result<(Socket, Url
 /// whose latency matters, and the writer already coalesces them under load.
 async fn upgrade(node: &Url, topic: &str, timeout: Duration) -> Result<Socket, Refusal> {
     let url = publish_url(node, topic);
-    let handshake = tokio_tungstenite::connect_async_with_config(url.as_str(), None, true);
+    let handshake = tokio_tungstenite::connect_async_with_config(url.as_str(), Some(crate::limits::ws_config()), true);
     match tokio::time::timeout(timeout, handshake).await {
         Err(elapsed) => Err(Refusal::Transport(Failure::Transport { error: Box::new(elapsed), timeout: true })),
         Ok(Ok((socket, _response))) => Ok(socket),

@@ -27,7 +27,7 @@ use super::publish::{new_message_from, present, refuse_applied_duplicate, stored
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX};
+use crate::limits::{PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX};
 use crate::metrics::Outcome;
 
 #[derive(Deserialize)]
@@ -54,6 +54,7 @@ pub async fn upgrade(
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
     Ok(upgrade
         .max_message_size(PUBLISH_BODY_BYTES_MAX)
+        .read_buffer_size(PUBLISHER_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| serve(app, socket, topic))
         .into_response())
 }

@@ -30,6 +30,7 @@ use tokio_tungstenite::tungstenite::Message;
 use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
 use crate::limits::{
     APPEND_ENTRIES_BYTES_MAX, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX,
+    RAFT_READ_BUFFER_BYTES,
 };
 use crate::net::Env;
 
@@ -49,6 +50,7 @@ pub enum TransportError {
 /// WebSocket limits of the Raft connection, both sides.
 pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
+        .read_buffer_size(RAFT_READ_BUFFER_BYTES)
         .max_message_size(Some(RAFT_MESSAGE_BYTES_MAX))
         .max_frame_size(Some(RAFT_MESSAGE_BYTES_MAX))
 }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::codec::{decode, encode, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{PEER_QUEUE_LEN, RAFT_MESSAGE_BYTES_MAX, WRITE_TIMEOUT};
+use crate::limits::{PEER_QUEUE_LEN, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, WRITE_TIMEOUT};
 
 pub async fn handle(
     State(app): State<SharedApp>,
@@ -29,6 +29,7 @@ pub async fn handle(
         return ApiError::InvalidRequest("GET /raft is a WebSocket endpoint for cluster peers".into()).into_response();
     };
     upgrade
+        .read_buffer_size(RAFT_READ_BUFFER_BYTES)
         .max_message_size(RAFT_MESSAGE_BYTES_MAX)
         .max_frame_size(RAFT_MESSAGE_BYTES_MAX)
         .on_upgrade(move |socket| serve_peer(app, socket))
