@@ -6,13 +6,16 @@
 #   benches/compare.sh
 #   SYSTEMS="ours nats" SECTIONS=fanout benches/compare.sh
 #
-# Sections (SECTIONS, default all three):
+# Sections (SECTIONS, default all four):
 #   publish  256-byte payloads, every publish awaited until acknowledged (ours: quorum fsync,
 #            over HTTP; NATS: JetStream PubAck; etcd: put response), C requests in flight in
 #            total. Ours, NATS, etcd.
 #   ws       the same, ours publishing over its WebSocket (`pubsub bench --transport ws`,
 #            ceil(C/64) publishers x up to 64 in flight), reported as `ours-ws`, next to NATS
 #            (one connection, C publishes in flight) at the same C. Ours and NATS.
+#   batch    ours only: the batch endpoint, B messages per request, C requests in flight
+#            (4 publishers x C/4), 256-byte payloads, each request awaited until
+#            acknowledged; compared with the best NATS per-message rate of the same run.
 #   fanout   one publisher paced at R msgs/s (up to 64 publishes in flight, each awaited
 #            until acknowledged) and K subscribers that joined before it started (ours:
 #            WebSocket subscriptions at the latest cursor; NATS: JetStream ordered push
@@ -21,12 +24,14 @@
 #            has deliver p50/p99/p99.9 and ours/NATS of the deliver p99 (below 1: ours is
 #            faster).
 # Knobs (environment):
-#   SECTIONS="publish ws fanout" which sections to run
+#   SECTIONS="publish ws batch fanout" which sections to run
 #   SYSTEMS="ours nats etcd"    which systems to run (etcd only takes part in publish)
 #   CONCURRENCY="1 16 64"       publish: C values
 #   MESSAGES="3000 10000 20000" publish: messages per C (same order as CONCURRENCY)
 #   WS_CONCURRENCY="64 256"     ws: C values (NATS runs the ones publish has not run)
 #   WS_MESSAGES="20000 40000"   ws: messages per C
+#   BATCH="100:16 1000:16"      batch: runs as B:C (B messages per request, C requests in flight)
+#   BATCH_MESSAGES=200000       batch: messages per run
 #   FANOUT="100:1000 1000:100"  fanout: runs as K:R (K subscribers, R msgs/s) or K:R:N
 #   FANOUT_SECS=10              fanout: N = R x FANOUT_SECS when a run gives no N
 #   FANOUT_TRANSPORT=http       fanout: how ours publishes (http or ws)
@@ -61,12 +66,14 @@ if [ -z "${CARGO_TARGET_DIR:-}" ] && [ ! -x "$BIN/pubsub-node" ] && [ -x "$ROOT/
 fi
 PEERS_BIN="$PEERS_TARGET/release/peers-bench"
 
-read -r -a SECT <<<"${SECTIONS:-publish ws fanout}"
+read -r -a SECT <<<"${SECTIONS:-publish ws batch fanout}"
 read -r -a CS <<<"${CONCURRENCY:-1 16 64}"
 read -r -a NS <<<"${MESSAGES:-3000 10000 20000}"
 read -r -a WS_CS <<<"${WS_CONCURRENCY:-64 256}"
 read -r -a WS_NS <<<"${WS_MESSAGES:-20000 40000}"
 read -r -a FANOUT_RUNS <<<"${FANOUT:-100:1000 1000:100}"
+read -r -a BATCH_RUNS <<<"${BATCH:-100:16 1000:16}"
+BATCH_MESSAGES=${BATCH_MESSAGES:-200000}
 read -r -a SYS <<<"${SYSTEMS:-ours nats etcd}"
 FANOUT_SECS=${FANOUT_SECS:-10}
 FANOUT_TRANSPORT=${FANOUT_TRANSPORT:-http}
@@ -78,7 +85,10 @@ PB=${PORT_BASE:-29000}
 [ "${#CS[@]}" -eq "${#NS[@]}" ] || { echo "CONCURRENCY and MESSAGES need the same number of values" >&2; exit 2; }
 [ "${#WS_CS[@]}" -eq "${#WS_NS[@]}" ] || { echo "WS_CONCURRENCY and WS_MESSAGES need the same number of values" >&2; exit 2; }
 for x in "${SECT[@]}"; do
-    case $x in publish | ws | fanout) ;; *) echo "unknown section $x (publish, ws, fanout)" >&2; exit 2 ;; esac
+    case $x in publish | ws | batch | fanout) ;; *) echo "unknown section $x (publish, ws, batch, fanout)" >&2; exit 2 ;; esac
+done
+for x in "${BATCH_RUNS[@]}"; do
+    [[ $x =~ ^[1-9][0-9]*:[1-9][0-9]*$ ]] || { echo "BATCH: $x is not B:C" >&2; exit 2; }
 done
 for x in "${FANOUT_RUNS[@]}"; do
     [[ $x =~ ^[1-9][0-9]*:[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || { echo "FANOUT: $x is not K:R or K:R:N" >&2; exit 2; }
@@ -242,6 +252,19 @@ run_ours() {
             record ours-ws "$c" "$n" "$LINE"
         done
     fi
+    if section batch; then
+        local b
+        for x in "${BATCH_RUNS[@]}"; do
+            IFS=: read -r b c <<<"$x"
+            p=$((c < 4 ? c : 4)); f=$(((c + p - 1) / p))
+            "$BIN/pubsub" "${urls[@]}" --json topics create "bench-b$b-c$c" >/dev/null 2>&1 || true
+            log "ours batch B=$b C=$c ($p publishers x $f requests in flight), $BATCH_MESSAGES messages"
+            run_gen ours-batch $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --batch "$b" --publishers "$p" \
+                --inflight "$f" --messages "$BATCH_MESSAGES" --payload-bytes "$PAYLOAD" --topic "bench-b$b-c$c" \
+                --duration-secs "$RUN_SECS"
+            record "ours-batch$b" "$c" "$BATCH_MESSAGES" "$LINE"
+        done
+    fi
     if section fanout; then
         for x in "${FANOUT_RUNS[@]}"; do
             fanout_run "$x"
@@ -388,7 +411,26 @@ if section ws; then
             }
         }' "$RESULTS"
 fi
-# Publish/ws notes: failed publishes, runs that hit the time limit.
+if section batch; then
+    echo
+    echo "Batch publish (ours only: B messages per request, C requests in flight; latency per request) vs the best"
+    echo "NATS per-message rate of this run (any C, publish or ws section):"
+    echo
+    awk -F'\t' -v runs="${BATCH_RUNS[*]}" "$BEST_PUBLISH"'
+        $1 == "nats" && $3 > nats_best { nats_best = $3; nats_c = $2 }
+        END {
+            nr = split(runs, R, " ")
+            print "| B | C | messages | ours msgs/s | p50 ms | p99 ms | best NATS msgs/s (its C) | ours/NATS |"
+            print "|---|---|---|---|---|---|---|---|"
+            for (i = 1; i <= nr; i++) {
+                split(R[i], bc, ":"); s = "ours-batch" bc[1]; c = bc[2]
+                nats = nats_best > 0 ? sprintf("%.0f (C=%s)", nats_best, nats_c) : "—"
+                r = (nats_best > 0 && (s, c) in rate) ? sprintf("%.2f×", rate[s, c] / nats_best) : "—"
+                printf "| %s | %s | %s | %s | %s | %s |\n", bc[1], c, (s, c) in want ? want[s, c] : "—", cell(s, c), nats, r
+            }
+        }' "$RESULTS"
+fi
+# Publish/ws/batch notes: failed publishes, runs that hit the time limit.
 awk -F'\t' "$BEST_PUBLISH"'
     END {
         for (k in rate) {
