@@ -69,9 +69,21 @@ fn error_frame(reference: &Value, e: &ApiError) -> String {
 async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<String>(PUBLISH_WS_INFLIGHT_MAX);
+    // Answers of one committed batch arrive together: they go out in one write, not one
+    // write (and syscall) per ack.
     let writer = tokio::spawn(async move {
         while let Some(text) = rx.recv().await {
-            if sink.send(Message::Text(text.into())).await.is_err() {
+            if sink.feed(Message::Text(text.into())).await.is_err() {
+                break;
+            }
+            let mut failed = false;
+            while let Ok(more) = rx.try_recv() {
+                if sink.feed(Message::Text(more.into())).await.is_err() {
+                    failed = true;
+                    break;
+                }
+            }
+            if failed || sink.flush().await.is_err() {
                 break;
             }
         }
