@@ -1,7 +1,7 @@
 //! The Rust client library and the `pubsub` CLI against real 3-node clusters: redirects and
 //! the leader cache, exactly-once publishing across a leader kill, a subscription that
 //! survives a leader kill and a restart of its own node, `cursor=acked`, and the CLI end to
-//! end with its exit codes.
+//! end with its exit codes, and a WebSocket publisher reopened across a leader kill.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use pubsub_client::{AckMode, Client, Cursor, Error, Event, NewMessage, SubscribeOptions, Subscription};
+use pubsub_client::{AckMode, Client, Cursor, Error, Event, NewMessage, Publisher, SubscribeOptions, Subscription};
 use pubsub_tests::http::get_json;
 use pubsub_tests::{assert_converged, node_binary, read_all, wait_until, Cluster, Options};
 use serde_json::{json, Value};
@@ -371,4 +371,94 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("unreachable"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+/// What one WebSocket publish came to, for the test below.
+enum WsOutcome {
+    Acked(u64),
+    /// Refused as a duplicate of an earlier attempt that did commit.
+    AlreadyStored(u64),
+    /// Not known to be stored: retry with the same id.
+    Retry,
+}
+
+async fn ws_publish(publisher: &Publisher, id: String) -> (String, WsOutcome) {
+    let outcome = match publisher.publish(NewMessage::new(json!({"id": id})).with_id(&id)).await {
+        Ok(ack) => WsOutcome::Acked(ack.sequence.expect("a WebSocket ack has a sequence")),
+        Err(Error::Api(api)) if api.existing_sequence().is_some() => {
+            WsOutcome::AlreadyStored(api.existing_sequence().unwrap_or_default())
+        }
+        Err(_) => WsOutcome::Retry,
+    };
+    (id, outcome)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_publisher_reopened_after_a_leader_kill_stores_every_message_exactly_once() {
+    const IN_FLIGHT: usize = 32;
+    let mut c = Cluster::start(Options::default()).await;
+    let client = patient_client(c.urls());
+    client.create_topic("ws", None).await.expect("create");
+
+    let acked: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishing = {
+        let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut next, mut retries, mut connections) = (0u64, Vec::<String>::new(), 0usize);
+            loop {
+                let done = stop.load(Ordering::Relaxed);
+                if done && retries.is_empty() {
+                    return connections;
+                }
+                // A publisher dies with its connection; the next one finds the new leader.
+                let publisher = client.publisher("ws").await.expect("open a publisher");
+                connections += 1;
+                let mut pending = futures_util::stream::FuturesUnordered::new();
+                loop {
+                    while pending.len() < IN_FLIGHT && !publisher.is_closed() {
+                        let id = match retries.pop() {
+                            Some(id) => id,
+                            None if !stop.load(Ordering::Relaxed) => {
+                                next += 1;
+                                format!("w-{next}")
+                            }
+                            None => break,
+                        };
+                        pending.push(ws_publish(&publisher, id));
+                    }
+                    let Some((id, outcome)) = pending.next().await else { break };
+                    match outcome {
+                        WsOutcome::Acked(seq) | WsOutcome::AlreadyStored(seq) => {
+                            acked.lock().unwrap().insert(id, seq);
+                        }
+                        WsOutcome::Retry => retries.push(id),
+                    }
+                }
+            }
+        })
+    };
+    let acks_reach = |n: usize| {
+        let acked = acked.clone();
+        async move {
+            wait_until("WebSocket publishes acknowledged", CONVERGE, || async {
+                (acked.lock().unwrap().len() >= n).then_some(())
+            })
+            .await
+        }
+    };
+    acks_reach(200).await;
+    let old = c.wait_leader(CONVERGE).await;
+    c.kill(old);
+    let before = acked.lock().unwrap().len();
+    acks_reach(before + 200).await;
+    stop.store(true, Ordering::Relaxed);
+    let connections = publishing.await.expect("publishing task");
+    c.restart(old);
+    c.wait_leader(CONVERGE).await;
+
+    assert!(connections >= 2, "the leader kill closed the first publisher ({connections} opened)");
+    let acked = acked.lock().unwrap().clone();
+    assert_exactly_once(&c, "ws", &acked).await;
+    eprintln!("{} messages over {connections} publisher connections", acked.len());
 }

@@ -42,8 +42,8 @@ pub enum IoMode {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    /// The syncer thread's queue; `None` when appends fsync inline (see [`IoMode`]).
-    syncer: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    /// The syncer thread; `None` when appends fsync inline (see [`IoMode`]).
+    syncer: Option<Arc<Syncer>>,
     /// Highest committed index this node has learned; for `/cluster` and `/ready`.
     committed_index: Arc<AtomicU64>,
 }
@@ -53,10 +53,12 @@ impl LogStore {
         let syncer = match sync {
             IoMode::Inline => None,
             IoMode::Background => {
-                let (syncer, queue) = mpsc::channel();
+                let (queue, pending) = mpsc::channel();
                 let sync_db = db.clone();
-                std::thread::Builder::new().name("log-syncer".into()).spawn(move || run_syncer(&sync_db, &queue))?;
-                Some(syncer)
+                let thread = std::thread::Builder::new()
+                    .name("log-syncer".into())
+                    .spawn(move || run_syncer(&sync_db, &pending))?;
+                Some(Arc::new(Syncer { queue: Some(queue), thread: Some(thread) }))
             }
         };
         let store = Self { db, syncer, committed_index: Arc::new(AtomicU64::new(0)) };
@@ -117,6 +119,24 @@ impl LogStore {
 }
 
 /// Fsyncs the WAL for every batch of queued callbacks, then completes them.
+/// The syncer thread and its queue, shared by every clone of the log store. The last clone
+/// to go closes the queue, which ends the thread, and joins it: the thread's database handle
+/// is gone before that drop returns, so RocksDB is never closed by a thread nobody waits for
+/// (a process exiting meanwhile aborts in RocksDB's static destructors).
+struct Syncer {
+    queue: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
@@ -229,7 +249,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         match &self.syncer {
             Some(syncer) => {
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
-                syncer.send(callback).map_err(|_| write_err(StoreError::Corrupt("log syncer thread stopped".into())))
+                let stopped = || write_err(StoreError::Corrupt("log syncer thread stopped".into()));
+                syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
             }
             None => {
                 let result = self.db.write_opt(batch, &synced()).map_err(|e| std::io::Error::other(e.to_string()));
