@@ -24,16 +24,24 @@ pub(crate) async fn serve_with(make: impl FnOnce(String) -> axum::Router) -> Str
     addr.to_string()
 }
 
-/// An address where nothing listens (a port bound and released at once).
+/// An address that refuses connections: a socket bound to it but never listening. The socket
+/// is kept for the life of the test process, so no other test's server can take the port
+/// (binding and releasing it let a concurrent test reuse the port, and the "dead" node
+/// answered).
 pub(crate) async fn dead_address() -> String {
-    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
-        Ok(l) => l,
-        Err(e) => panic!("bind: {e}"),
+    let socket = match tokio::net::TcpSocket::new_v4() {
+        Ok(s) => s,
+        Err(e) => panic!("socket: {e}"),
     };
-    match listener.local_addr() {
+    if let Err(e) = socket.bind("127.0.0.1:0".parse().expect("a literal address")) {
+        panic!("bind: {e}");
+    }
+    let address = match socket.local_addr() {
         Ok(a) => a.to_string(),
         Err(e) => panic!("local_addr: {e}"),
-    }
+    };
+    std::mem::forget(socket);
+    address
 }
 
 /// A JSON error response in the API.md shape.
