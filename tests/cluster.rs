@@ -137,6 +137,13 @@ async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
             acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
         }
     }
+    // Snapshots are built (and the log purged) in the background: only once the leader has
+    // purged entries the follower lacks must it catch up by snapshot.
+    let leader_log = c.dir().join(format!("node-{}.log", c.wait_leader(CONVERGE).await + 1));
+    wait_until("the leader purged its log", CONVERGE, || async {
+        std::fs::read_to_string(&leader_log).ok().filter(|log| log.contains("purged log")).map(|_| ())
+    })
+    .await;
     c.restart(follower);
     assert_converged(&c, "t", &acked).await;
     let log = std::fs::read_to_string(c.dir().join(format!("node-{}.log", follower + 1))).unwrap();

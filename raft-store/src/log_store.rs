@@ -282,6 +282,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.put_cf(raft, LAST_PURGED, bytes);
         batch.delete_range_cf(log, log_key(0), log_key(log_id.index + 1));
-        self.db.write_opt(batch, &unsynced()).map_err(write_err)
+        self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+        // Once per snapshot: from here on a follower behind this index needs a snapshot.
+        tracing::info!(upto = log_id.index, "purged log");
+        Ok(())
     }
 }
