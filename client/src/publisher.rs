@@ -159,8 +159,9 @@ impl Publisher {
     /// - [`Error::Api`] for a refusal (`duplicate_message_id`, `topic_not_found`,
     ///   `payload_too_large`, `raft_timeout`, `not_committed`, `not_leader`, ...), with the
     ///   status the HTTP API gives that code; a `not_leader` answer updates the client's
-    ///   leader cache, so the next [`Client::publisher`] goes to the new leader;
-    /// - [`Error::NoLeader`] for `no_leader`;
+    ///   leader cache, so the next [`Client::publisher`] goes to the new leader, and closes
+    ///   this publisher (publishes still in flight on it fail as the connection was lost);
+    /// - [`Error::NoLeader`] for `no_leader`, which closes this publisher too;
     /// - [`Error::Unreachable`] when the connection is gone (before or while waiting): the
     ///   message may or may not have been committed, and this publisher is done;
     /// - [`Error::Timeout`] when no answer came within the client's request timeout (longer
@@ -269,6 +270,12 @@ impl Publisher {
                 client.forget_leader(&self.shared.node)
             }
             Verdict::Retry { .. } | Verdict::Done => {}
+        }
+        // A publisher is bound to the leader. Once its node says it is not (a deposed leader
+        // keeps the socket open), every later publish would be refused the same way: close it,
+        // so `is_closed` tells the caller to open a new one, which finds the new leader.
+        if matches!(error.code, ErrorCode::NotLeader | ErrorCode::NoLeader) {
+            self.shared.pending.close(&format!("{} is no longer the leader ({})", self.shared.node, error.code));
         }
         if error.code == ErrorCode::NoLeader {
             return Error::NoLeader { attempts: 1, elapsed };

@@ -124,16 +124,22 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
         Err(Error::Api(e)) => assert_eq!((e.status, e.code), (504, ErrorCode::RaftTimeout)),
         other => panic!("{other:?}"),
     }
+    // Refusals of a message leave the connection usable.
+    assert!(!publisher.is_closed());
+
+    // Leadership refusals close the publisher: a new one must find the leader.
     assert!(matches!(publisher.publish(message("no_leader")).await, Err(Error::NoLeader { attempts: 1, .. })));
     // `no_leader` forgets the cached leader; `not_leader` caches the one it names.
     assert_eq!(client.cached_leader(), None);
+    assert!(publisher.is_closed());
+    assert!(matches!(publisher.publish(message("m-after")).await, Err(Error::Unreachable { .. })));
+    let publisher = open(&client).await;
     match publisher.publish(message("not_leader")).await {
         Err(Error::Api(e)) => assert_eq!((e.status, e.code), (307, ErrorCode::NotLeader)),
         other => panic!("{other:?}"),
     }
     assert_eq!(client.cached_leader().as_deref(), Some("http://127.0.0.1:9/"));
-    // Refusals leave the connection usable.
-    assert!(!publisher.is_closed());
+    assert!(publisher.is_closed());
 }
 
 #[tokio::test]
