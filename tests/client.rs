@@ -88,6 +88,11 @@ async fn a_client_seeded_with_a_follower_follows_redirects_and_caches_the_leader
     assert_eq!(log[1], (2, "ord-2".to_string()));
 }
 
+/// Waits until at least `n` publishes are acknowledged (publishers record them in `acked`).
+async fn acks_reach(acked: &Mutex<HashMap<String, u64>>, n: usize) {
+    wait_until("publishes acknowledged", CONVERGE, || async { (acked.lock().unwrap().len() >= n).then_some(()) }).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_across_a_leader_kill_publish_each_acked_message_exactly_once() {
     let mut c = Cluster::start(Options::default()).await;
@@ -123,25 +128,16 @@ async fn retries_across_a_leader_kill_publish_each_acked_message_exactly_once() 
             })
         })
         .collect();
-    let acks_reach = |n: usize| {
-        let acked = acked.clone();
-        async move {
-            wait_until("publishes acknowledged", CONVERGE, || async {
-                (acked.lock().unwrap().len() >= n).then_some(())
-            })
-            .await
-        }
-    };
-    acks_reach(50).await;
+    acks_reach(&acked, 50).await;
 
     let old = c.wait_leader(CONVERGE).await;
     c.kill(old);
     let before = acked.lock().unwrap().len();
-    acks_reach(before + 50).await;
+    acks_reach(&acked, before + 50).await;
     c.restart(old);
     c.wait_leader(CONVERGE).await;
     let before = acked.lock().unwrap().len();
-    acks_reach(before + 20).await;
+    acks_reach(&acked, before + 20).await;
     stop.store(true, Ordering::Relaxed);
     for p in publishers {
         p.await.expect("publisher");
@@ -438,20 +434,11 @@ async fn a_websocket_publisher_reopened_after_a_leader_kill_stores_every_message
             }
         })
     };
-    let acks_reach = |n: usize| {
-        let acked = acked.clone();
-        async move {
-            wait_until("WebSocket publishes acknowledged", CONVERGE, || async {
-                (acked.lock().unwrap().len() >= n).then_some(())
-            })
-            .await
-        }
-    };
-    acks_reach(200).await;
+    acks_reach(&acked, 200).await;
     let old = c.wait_leader(CONVERGE).await;
     c.kill(old);
     let before = acked.lock().unwrap().len();
-    acks_reach(before + 200).await;
+    acks_reach(&acked, before + 200).await;
     stop.store(true, Ordering::Relaxed);
     let connections = publishing.await.expect("publishing task");
     c.restart(old);

@@ -552,7 +552,7 @@ mod call;
 mod nodes;
 
 use call::Call;
-pub(crate) use call::{exhausted, Failure};
+pub(crate) use call::{retry_or_give_up, Failure};
 
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use super::Client;
 use crate::endpoint::http_url;
 use crate::error::{ApiError, BoxError, Error, ErrorCode};
 use crate::limits;
-use crate::retry::{classify, Verdict};
+use crate::retry::{classify, RetryPolicy, Verdict};
 use crate::types::ClusterInfo;
 
 /// Why one attempt failed, kept to report the last one when the budget runs out. Shared with
@@ -216,16 +216,7 @@ impl Client {
                     }
                 }
             };
-            let elapsed = started.elapsed();
-            if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
-                return Err(exhausted(failure, attempts, elapsed));
-            }
-            tracing::debug!(attempts, ?failure, "retrying");
-            if sleep_before_next {
-                let wait = policy.backoff(attempts, &mut rand::thread_rng());
-                let remaining = policy.operation_timeout.saturating_sub(elapsed);
-                tokio::time::sleep(wait.min(remaining)).await;
-            }
+            retry_or_give_up(policy, failure, attempts, started, sleep_before_next, "retrying").await?;
         }
     }
 }
@@ -238,8 +229,32 @@ fn transport_failure(error: reqwest::Error) -> Failure {
     Failure::Transport { timeout: error.is_timeout(), error: Box::new(error) }
 }
 
+/// After failed attempt number `attempts` of an operation begun at `started`: the error to
+/// report (named after `failure`) when the attempts or the time budget are used up; else
+/// waits the backoff, unless `sleep` is false (a redirect is followed at once), and returns.
+/// Shared by HTTP calls and the publishing WebSocket's upgrade.
+pub(crate) async fn retry_or_give_up(
+    policy: &RetryPolicy,
+    failure: Failure,
+    attempts: u32,
+    started: Instant,
+    sleep: bool,
+    what: &str,
+) -> Result<(), Error> {
+    let elapsed = started.elapsed();
+    if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
+        return Err(exhausted(failure, attempts, elapsed));
+    }
+    tracing::debug!(attempts, ?failure, "{what}");
+    if sleep {
+        let wait = policy.backoff(attempts, &mut rand::thread_rng());
+        tokio::time::sleep(wait.min(policy.operation_timeout.saturating_sub(elapsed))).await;
+    }
+    Ok(())
+}
+
 /// The error to report when the budget ran out, named after the last failure.
-pub(crate) fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
+fn exhausted(failure: Failure, attempts: u32, elapsed: Duration) -> Error {
     match failure {
         Failure::NoLeader => Error::NoLeader { attempts, elapsed },
         Failure::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },

@@ -7,7 +7,7 @@ use reqwest::Url;
 use tokio_tungstenite::tungstenite::{self, http::header::LOCATION};
 
 use super::Socket;
-use crate::client::{exhausted, Client, Failure};
+use crate::client::{retry_or_give_up, Client, Failure};
 use crate::endpoint::publish_url;
 use crate::error::{ApiError, Error, ErrorCode};
 use crate::limits;
@@ -88,15 +88,8 @@ pub(super) async fn connect(client: &Client, topic: &str) -> Result<(Socket, Url
                 }
             }
         };
-        let elapsed = started.elapsed();
-        if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
-            return Err(exhausted(failure, attempts, elapsed));
-        }
-        tracing::debug!(attempts, ?failure, "retrying the publish connection");
-        if sleep_before_next {
-            let wait = policy.backoff(attempts, &mut rand::thread_rng());
-            tokio::time::sleep(wait.min(policy.operation_timeout.saturating_sub(elapsed))).await;
-        }
+        retry_or_give_up(policy, failure, attempts, started, sleep_before_next, "retrying the publish connection")
+            .await?;
     }
 }
 
