@@ -142,6 +142,9 @@ async fn publish_follows_the_contract() {
     // ack=appended.
     let r = post(&format!("{url}?ack=appended"), &json!({"id": "a1", "payload": 3})).await.unwrap();
     assert_eq!((r.status, &r.body["committed"]), (202, &json!(false)));
+    // ack=appended never sees the apply result: a known duplicate is refused before proposing.
+    let r = post(&format!("{url}?ack=appended"), &json!({"id": "msg-1", "payload": 3})).await.unwrap();
+    assert_eq!((r.status, &r.body["existing_sequence"]), (409, &json!(1)));
     let r = post(&format!("{url}?ack=sometimes"), &json!({"payload": 3})).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
 

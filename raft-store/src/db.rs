@@ -48,6 +48,8 @@ pub fn open(path: &Path) -> Result<DB, StoreError> {
         if *name == CF_DEDUP {
             opts.set_memtable_whole_key_filtering(true);
             opts.set_memtable_prefix_bloom_ratio(DEDUP_MEMTABLE_BLOOM_RATIO);
+            opts.set_compaction_style(rocksdb::DBCompactionStyle::Universal);
+            opts.set_compression_type(DBCompressionType::None);
         }
         ColumnFamilyDescriptor::new(*name, opts)
     });
