@@ -394,7 +394,8 @@ async fn connect(
 ) -> Result<Socket, Refusal> {
     let url = subscribe_url(node, topic, subscriber_id, cursor);
     // Nagle off: acks and pongs are small frames.
-    let handshake = tokio_tungstenite::connect_async_with_config(url.as_str(), Some(crate::limits::ws_config()), true);
+    let handshake =
+        tokio_tungstenite::connect_async_with_config(url.as_str(), Some(crate::limits::subscription_ws_config()), true);
     match tokio::time::timeout(client.timeout(), handshake).await {
         Err(elapsed) => Err(Refusal::Transport { error: Box::new(elapsed), timeout: true }),
         Ok(Ok((socket, _response))) => Ok(socket),
