@@ -89,7 +89,7 @@ impl LogStore {
         match iter.next() {
             Some(item) => {
                 let (_, value) = item?;
-                let entry: Entry = bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?;
+                let entry = decode_entry(&value)?;
                 Ok(Some(entry.log_id))
             }
             None => Ok(None),
@@ -108,7 +108,7 @@ impl LogStore {
             // Replication at low rates asks for one entry at a time: a point read skips
             // creating an iterator (5 % of a leader's CPU at 1,000 single-entry writes/s).
             if let Some(value) = self.db.get_pinned_cf(cf(&self.db, CF_LOG)?, from)? {
-                out.push(bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?);
+                out.push(decode_entry(&value)?);
             }
             return Ok(out);
         }
@@ -120,10 +120,14 @@ impl LogStore {
             if index >= end_exclusive || (bytes > bytes_max && !out.is_empty()) {
                 break;
             }
-            out.push(bincode::deserialize(&value).map_err(StoreError::decode("log entry"))?);
+            out.push(decode_entry(&value)?);
         }
         Ok(out)
     }
+}
+
+fn decode_entry(bytes: &[u8]) -> Result<Entry, StoreError> {
+    bincode::deserialize(bytes).map_err(StoreError::decode("log entry"))
 }
 
 /// Fsyncs the WAL for every batch of queued callbacks, then completes them.
