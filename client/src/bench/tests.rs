@@ -174,10 +174,7 @@ async fn bench_publishes_exactly_the_requested_messages_singly_and_in_batches() 
     let node = accepting_leader().await;
     let client = crate::test_support::fast_client(&[&node]);
     for (messages, batch) in [(101, 1), (2_345, 100)] {
-        let report = match run(&client, &config(messages, batch)).await {
-            Ok(r) => r,
-            Err(e) => panic!("{e}"),
-        };
+        let report = report(run(&client, &config(messages, batch)).await);
         assert_eq!(report.messages, messages);
         assert_eq!(report.errors, 0);
         assert_eq!(report.workload, "publish");
@@ -193,10 +190,7 @@ async fn bench_subscribers_receive_every_message_and_measure_deliver_latency() {
     let client = crate::test_support::fast_client(&[&node]);
     let mut cfg = config(500, 1);
     cfg.subscribers = 2;
-    let report = match run(&client, &cfg).await {
-        Ok(r) => r,
-        Err(e) => panic!("{e}"),
-    };
+    let report = report(run(&client, &cfg).await);
     assert_eq!(report.workload, "publish_fanout");
     assert_eq!(report.messages, 500);
     assert_eq!(report.delivered, Some(1000));

@@ -35,6 +35,23 @@ async fn send(socket: &mut WebSocket, text: String) {
     let _ = socket.send(AxMessage::Text(text.into())).await;
 }
 
+/// A leader that reads publish frames without answering any, counting them, and drops the
+/// socket once it has read `until` of them.
+async fn counting_leader(until: usize) -> (String, Arc<AtomicUsize>) {
+    let received = Arc::new(AtomicUsize::new(0));
+    let seen = received.clone();
+    let node = leader(move |mut socket| {
+        let seen = seen.clone();
+        async move {
+            while seen.load(Ordering::SeqCst) < until && next_json(&mut socket).await.is_some() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+    .await;
+    (node, received)
+}
+
 async fn open(client: &Client) -> Publisher {
     match client.publisher("t").await {
         Ok(p) => p,
@@ -144,21 +161,8 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
 
 #[tokio::test]
 async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
-    let received = Arc::new(AtomicUsize::new(0));
-    let seen = received.clone();
-    let node = leader(move |mut socket| {
-        let seen = seen.clone();
-        async move {
-            while seen.load(Ordering::SeqCst) < 2 {
-                if next_json(&mut socket).await.is_none() {
-                    return;
-                }
-                seen.fetch_add(1, Ordering::SeqCst);
-            }
-            // Drops the socket with both publishes unanswered.
-        }
-    })
-    .await;
+    // Drops the socket with both publishes unanswered.
+    let (node, received) = counting_leader(2).await;
     let client = fast_client(&[&node]);
     let publisher = open(&client).await;
     let outcomes = join_all([publisher.publish(message("a")), publisher.publish(message("b"))]).await;
@@ -186,17 +190,7 @@ async fn an_unanswered_publish_times_out_and_closes_the_connection() {
 
 #[tokio::test]
 async fn publishes_in_flight_are_bounded_by_the_servers_limit() {
-    let received = Arc::new(AtomicUsize::new(0));
-    let seen = received.clone();
-    let node = leader(move |mut socket| {
-        let seen = seen.clone();
-        async move {
-            while next_json(&mut socket).await.is_some() {
-                seen.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    })
-    .await;
+    let (node, received) = counting_leader(usize::MAX).await;
     let client = fast_client(&[&node]);
     let publisher = open(&client).await;
     let extra = 10;
