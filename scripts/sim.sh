@@ -10,11 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 main_target="${CARGO_TARGET_DIR:-$PWD/target}"
-rocksdb_lib=$(ls "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1 || true)
+rocksdb_lib=$(ls -t "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1 || true)
 if [ -z "$rocksdb_lib" ]; then
   echo "==> building RocksDB once in the main target directory"
   CARGO_TARGET_DIR="$main_target" cargo build --release -p raft-store
-  rocksdb_lib=$(ls "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a | head -1)
+  rocksdb_lib=$(ls -t "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a | head -1)
 fi
 export ROCKSDB_LIB_DIR="$(dirname "$rocksdb_lib")" ROCKSDB_STATIC=1
 export RUSTFLAGS="--cfg tokio_unstable"
