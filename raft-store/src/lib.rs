@@ -9,6 +9,7 @@
 //! - [`db`]: opening RocksDB with the column families and options we rely on.
 //! - [`log_store`]: [`LogStore`], openraft's `RaftLogStorage` with group-committed fsync.
 //! - [`state_machine`]: [`StateMachine`], openraft's `RaftStateMachine`, persisted in RocksDB.
+//! - `recent`: the newest log entries kept decoded, for the reads right after an append.
 //! - [`reader`]: [`StoreReader`], the read side the node serves from (topics, messages, cursors).
 //! - [`feeds`]: wake-ups for subscribers when entries are applied.
 //! - [`snapshot`]: the snapshot file format (streamed to and from disk, never held in memory).
@@ -26,6 +27,7 @@ pub mod keys;
 pub mod limits;
 pub mod log_store;
 pub mod reader;
+mod recent;
 pub mod rules;
 pub mod runtime;
 pub mod snapshot;

@@ -33,6 +33,11 @@ pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// hundreds of megabytes at once for one AppendEntries.
 pub const REPLICATION_READ_BYTES_MAX: usize = 2 * 1024 * 1024;
 
+/// Bytes of the newest log entries (as stored) kept decoded in memory for the reads that
+/// follow an append: replication to each follower and apply. Those reads come within
+/// milliseconds, so a few megabytes cover them even at the highest rates.
+pub const RECENT_ENTRIES_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// Entries written to RocksDB per `WriteBatch` while installing a snapshot: bounds the
 /// memory an install needs, whatever the snapshot's size.
 pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;

@@ -10,7 +10,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -19,7 +19,8 @@ use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use crate::db::{cf, synced, unsynced};
 use crate::error::{read_err, write_err};
 use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
-use crate::limits::REPLICATION_READ_BYTES_MAX;
+use crate::limits::{RECENT_ENTRIES_BYTES_MAX, REPLICATION_READ_BYTES_MAX};
+use crate::recent::RecentEntries;
 use crate::typ::{Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
@@ -46,6 +47,8 @@ pub struct LogStore {
     syncer: Option<Arc<Syncer>>,
     /// Highest committed index this node has learned; for `/cluster` and `/ready`.
     committed_index: Arc<AtomicU64>,
+    /// The newest entries, decoded: what replication and apply read right after an append.
+    recent: Arc<Mutex<RecentEntries>>,
 }
 
 impl LogStore {
@@ -61,7 +64,12 @@ impl LogStore {
                 Some(Arc::new(Syncer { queue: Some(queue), thread: Some(thread) }))
             }
         };
-        let store = Self { db, syncer, committed_index: Arc::new(AtomicU64::new(0)) };
+        let store = Self {
+            db,
+            syncer,
+            committed_index: Arc::new(AtomicU64::new(0)),
+            recent: Arc::new(Mutex::new(RecentEntries::new(RECENT_ENTRIES_BYTES_MAX))),
+        };
         if let Some(committed) = store.read_committed_sync()? {
             store.committed_index.store(committed.index, Ordering::Relaxed);
         }
@@ -103,6 +111,9 @@ impl LogStore {
         if start >= end_exclusive {
             return Ok(out);
         }
+        if let Some(recent) = self.recent().read(start, end_exclusive, bytes_max) {
+            return Ok(recent);
+        }
         let from = log_key(start);
         if end_exclusive - start == 1 {
             // Replication at low rates asks for one entry at a time: a point read skips
@@ -123,6 +134,12 @@ impl LogStore {
             out.push(decode_entry(&value)?);
         }
         Ok(out)
+    }
+}
+
+impl LogStore {
+    fn recent(&self) -> std::sync::MutexGuard<'_, RecentEntries> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -254,18 +271,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let mut batch = WriteBatch::default();
+        let mut appended = Vec::new();
         for entry in entries {
             let bytes = bincode::serialize(&entry).map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
-            batch.put_cf(log, log_key(entry.log_id.index), bytes);
+            batch.put_cf(log, log_key(entry.log_id.index), &bytes);
+            appended.push((entry, bytes.len()));
         }
         match &self.syncer {
             Some(syncer) => {
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+                self.recent().appended(appended);
                 let stopped = || write_err(StoreError::Corrupt("log syncer thread stopped".into()));
                 syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
             }
             None => {
                 let result = self.db.write_opt(batch, &synced()).map_err(|e| std::io::Error::other(e.to_string()));
+                if result.is_ok() {
+                    self.recent().appended(appended);
+                }
                 let failed =
                     result.as_ref().err().map(|e| write_err(StoreError::Io(std::io::Error::other(e.to_string()))));
                 callback.log_io_completed(result);
@@ -281,7 +304,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(log, log_key(log_id.index), log_key(u64::MAX));
-        self.db.write_opt(batch, &synced()).map_err(write_err)
+        self.db.write_opt(batch, &synced()).map_err(write_err)?;
+        self.recent().truncated(log_id.index);
+        Ok(())
     }
 
     /// # Correctness
@@ -295,6 +320,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         batch.put_cf(raft, LAST_PURGED, bytes);
         batch.delete_range_cf(log, log_key(0), log_key(log_id.index + 1));
         self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+        self.recent().purged(log_id.index);
         // Once per snapshot: from here on a follower behind this index needs a snapshot.
         tracing::info!(upto = log_id.index, "purged log");
         Ok(())

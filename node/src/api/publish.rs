@@ -7,9 +7,9 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
 use std::collections::HashMap;
 
 use super::input;
@@ -55,9 +55,15 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
     }
 }
 
-/// Payload bytes as stored: compact JSON, at most 1 MiB.
-fn payload_bytes(raw: &RawValue) -> Result<Bytes, ApiError> {
-    let compact = Bytes::from(minify(raw.get()));
+/// Payload bytes as stored: compact JSON, at most 1 MiB. Payloads that clients serialize
+/// compactly (no whitespace byte at all) are taken as they are, without a copy.
+fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
+    let text: Box<str> = raw.into();
+    let compact = if text.bytes().any(|b| b.is_ascii_whitespace()) {
+        Bytes::from(minify(&text))
+    } else {
+        Bytes::from(String::from(text))
+    };
     if compact.len() > PAYLOAD_BYTES_MAX {
         return Err(ApiError::PayloadTooLarge(format!(
             "payload is {} bytes as compact JSON; the limit is {PAYLOAD_BYTES_MAX}",
@@ -99,7 +105,7 @@ pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<NewMessage,
         }
         None => uuid::Uuid::new_v4().to_string(),
     };
-    Ok(NewMessage { id, timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()), payload: payload_bytes(&payload)? })
+    Ok(NewMessage { id, timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()), payload: payload_bytes(payload)? })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -209,21 +215,38 @@ pub async fn batch(
     let SmResponse::Published { results } = written.response else {
         return Err(ApiError::TopicNotFound(topic));
     };
-    let results: Vec<Value> = ids
+    let results: Vec<BatchItemOut> = ids
         .iter()
         .zip(results)
         .map(|(id, r)| match r {
-            PublishResult::Stored { sequence } => json!({"id": id, "sequence": sequence}),
+            PublishResult::Stored { sequence } => BatchItemOut::Stored { id, sequence },
             PublishResult::Duplicate { existing_sequence } => {
-                json!({"id": id, "error": "duplicate_message_id", "existing_sequence": existing_sequence})
+                BatchItemOut::Duplicate { id, error: "duplicate_message_id", existing_sequence }
             }
         })
         .collect();
-    let stored = results.iter().filter(|r| r.get("sequence").is_some()).count() as u64;
+    let stored = results.iter().filter(|r| matches!(r, BatchItemOut::Stored { .. })).count() as u64;
     app.metrics.count_publish(Outcome::Stored, stored);
     app.metrics.count_publish(Outcome::Duplicate, results.len() as u64 - stored);
-    let body = json!({"topic": topic, "results": results, "raft_index": written.log_index, "committed": true});
+    let body = BatchAnswer { topic: &topic, results, raft_index: written.log_index, committed: true };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The answer to a batch publish, serialized straight from these fields: a thousand small
+/// `Value` maps per request were a measurable share of the leader's CPU.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    topic: &'a str,
+    results: Vec<BatchItemOut<'a>>,
+    raft_index: u64,
+    committed: bool,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum BatchItemOut<'a> {
+    Stored { id: &'a str, sequence: u64 },
+    Duplicate { id: &'a str, error: &'static str, existing_sequence: u64 },
 }
 
 #[cfg(test)]

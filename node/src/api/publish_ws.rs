@@ -17,7 +17,7 @@ use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use raft_store::Request;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
@@ -59,10 +59,22 @@ pub async fn upgrade(
         .into_response())
 }
 
-fn error_frame(reference: &Value, e: &ApiError) -> String {
+/// An ack, serialized straight from its fields; `ref` is echoed as the client wrote it.
+#[derive(Serialize)]
+struct AckFrame<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(rename = "ref")]
+    reference: Option<&'a RawValue>,
+    id: &'a str,
+    sequence: u64,
+    raft_index: u64,
+}
+
+fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
     let mut body = e.body();
     body["type"] = json!("error");
-    body["ref"] = reference.clone();
+    body["ref"] = reference.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or(Value::Null);
     body.to_string()
 }
 
@@ -111,23 +123,19 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
         tokio::spawn(async move {
             let _permit = permit;
             let answer = match serde_json::from_str::<PublishFrame>(&text) {
-                Err(e) => error_frame(&Value::Null, &ApiError::InvalidRequest(format!("invalid frame: {e}"))),
+                Err(e) => error_frame(None, &ApiError::InvalidRequest(format!("invalid frame: {e}"))),
                 Ok(frame) => {
-                    let reference: Value = frame
-                        .reference
-                        .as_deref()
-                        .and_then(|r| serde_json::from_str(r.get()).ok())
-                        .unwrap_or(Value::Null);
+                    let reference = frame.reference.as_deref();
                     if frame.kind != "publish" {
-                        error_frame(&reference, &ApiError::InvalidRequest("frames must have type \"publish\"".into()))
+                        error_frame(reference, &ApiError::InvalidRequest("frames must have type \"publish\"".into()))
                     } else {
                         let fields = MessageFields { id: frame.id, payload: frame.payload, timestamp: frame.timestamp };
                         match publish_one(&app, &topic, fields).await {
-                            Ok(mut ack) => {
-                                ack["ref"] = reference;
-                                ack.to_string()
+                            Ok((id, sequence, raft_index)) => {
+                                let ack = AckFrame { kind: "ack", reference, id: &id, sequence, raft_index };
+                                serde_json::to_string(&ack).unwrap_or_default()
                             }
-                            Err(e) => error_frame(&reference, &e),
+                            Err(e) => error_frame(reference, &e),
                         }
                     }
                 }
@@ -140,7 +148,8 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let _ = writer.await;
 }
 
-async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Result<Value, ApiError> {
+/// Publishes one message; answers its id, sequence and log index.
+async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Result<(String, u64, u64), ApiError> {
     let message = new_message_from(app, fields)?;
     active(app, topic)?;
     // No duplicate lookup before proposing: apply finds a duplicate and answers with its
@@ -152,5 +161,5 @@ async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Res
         .await
         .inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
     let sequence = stored_sequence(app, topic, &id, written.response)?;
-    Ok(json!({"type": "ack", "id": id, "sequence": sequence, "raft_index": written.log_index}))
+    Ok((id, sequence, written.log_index))
 }
