@@ -161,6 +161,12 @@ async fn serve_inner(
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
     ping.reset();
     let mut cursor = s.cursor;
+    // Created once, not on every turn of the loop: each turn woken by a message would
+    // otherwise register and unregister two more waiters (a node's profile showed them).
+    let client_gone = client_gone.notified();
+    tokio::pin!(client_gone);
+    let shutdown = app.shutdown.cancelled();
+    tokio::pin!(shutdown);
     send_all(sink, [frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
 
     loop {
@@ -229,8 +235,8 @@ async fn serve_inner(
                     return Ok(End::Gone);
                 }
             }
-            _ = client_gone.notified() => return Ok(End::Gone),
-            _ = app.shutdown.cancelled() => return Ok(End::Close(1001, "server shutting down")),
+            () = &mut client_gone => return Ok(End::Gone),
+            () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
 }
