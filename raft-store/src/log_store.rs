@@ -10,7 +10,7 @@ use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -81,6 +81,10 @@ impl LogStore {
         self.committed_index.clone()
     }
 
+    fn recent(&self) -> MutexGuard<'_, RecentEntries> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
         match self.db.get_cf(cf(&self.db, CF_RAFT)?, key)? {
             Some(bytes) => Ok(Some(bincode::deserialize(&bytes).map_err(StoreError::decode("raft meta"))?)),
@@ -134,12 +138,6 @@ impl LogStore {
             out.push(decode_entry(&value)?);
         }
         Ok(out)
-    }
-}
-
-impl LogStore {
-    fn recent(&self) -> std::sync::MutexGuard<'_, RecentEntries> {
-        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

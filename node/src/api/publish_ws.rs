@@ -133,6 +133,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                         match publish_one(&app, &topic, fields).await {
                             Ok((id, sequence, raft_index)) => {
                                 let ack = AckFrame { kind: "ack", reference, id: &id, sequence, raft_index };
+                                // Strings and integers only: serializing cannot fail.
                                 serde_json::to_string(&ack).unwrap_or_default()
                             }
                             Err(e) => error_frame(reference, &e),
