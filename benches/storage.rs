@@ -19,14 +19,12 @@ fn entry(index: u64, request: Request) -> Entry {
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
-fn publish(n: usize, seq: &mut u64) -> Request {
-    let messages = (0..n)
-        .map(|_| {
-            *seq += 1;
-            NewMessage { id: format!("m{seq}"), timestamp: 1, payload: payload() }
-        })
-        .collect();
-    Request::Publish { topic: "bench".into(), messages, now_ms: 1 }
+/// `n` messages with random UUIDs for ids, as clients generate them (the Rust client gives
+/// every message one so that retries are safe); `ids_generated` says the leader made them.
+fn publish(n: usize, ids_generated: bool) -> Request {
+    let messages =
+        (0..n).map(|_| NewMessage { id: uuid::Uuid::new_v4().to_string(), timestamp: 1, payload: payload() }).collect();
+    Request::publish("bench".into(), messages, 1, ids_generated)
 }
 
 fn log_append(c: &mut Criterion) {
@@ -38,14 +36,13 @@ fn log_append(c: &mut Criterion) {
         let store = raft_store::open(dir.path()).expect("open");
         let mut log = store.log_store;
         let mut index = 0u64;
-        let mut seq = 0u64;
         group.throughput(Throughput::Elements(batch as u64));
         group.bench_with_input(BenchmarkId::new("batch", batch), &batch, |b, &batch| {
             b.iter(|| {
                 let entries: Vec<Entry> = (0..batch)
                     .map(|_| {
                         index += 1;
-                        entry(index, publish(1, &mut seq))
+                        entry(index, publish(1, false))
                     })
                     .collect();
                 rt.block_on(log.blocking_append(entries)).expect("append");
@@ -65,8 +62,7 @@ fn log_append(c: &mut Criterion) {
                 let tasks: Vec<_> = (0..8u64)
                     .map(|i| {
                         let mut log = log.clone();
-                        let mut seq = 0;
-                        let e = entry(round * 8 + i, publish(1, &mut seq));
+                        let e = entry(round * 8 + i, publish(1, false));
                         tokio::spawn(async move { log.blocking_append([e]).await })
                     })
                     .collect();
@@ -83,7 +79,9 @@ fn sm_apply(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("state_machine_apply_256B");
     group.measurement_time(Duration::from_secs(5)).sample_size(20);
-    for (name, per_entry, entries) in [("single", 1usize, 256usize), ("batch_256", 256, 1)] {
+    let cases =
+        [("single", 1usize, 256usize, false), ("batch_256", 256, 1, false), ("batch_256_generated_ids", 256, 1, true)];
+    for (name, per_entry, entries, ids_generated) in cases {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = raft_store::open(dir.path()).expect("open");
         let mut sm = store.state_machine;
@@ -91,14 +89,13 @@ fn sm_apply(c: &mut Criterion) {
         let create =
             Request::CreateTopic { topic: "bench".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
         rt.block_on(sm.apply([entry(index, create)])).expect("create");
-        let mut seq = 0u64;
         group.throughput(Throughput::Elements((per_entry * entries) as u64));
         group.bench_function(name, |b| {
             b.iter(|| {
                 let batch: Vec<Entry> = (0..entries)
                     .map(|_| {
                         index += 1;
-                        entry(index, publish(per_entry, &mut seq))
+                        entry(index, publish(per_entry, ids_generated))
                     })
                     .collect();
                 rt.block_on(sm.apply(batch)).expect("apply");

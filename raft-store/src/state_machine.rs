@@ -177,7 +177,9 @@ impl StateMachine {
 struct ApplyBatch<'a> {
     db: &'a DB,
     batch: WriteBatch,
-    dedup: HashMap<(u64, String), Option<u64>>,
+    /// Dedup entries as this batch sees them, by their RocksDB key: written or deleted by the
+    /// batch, or read ahead from RocksDB by `dedup_prefetch`.
+    dedup: HashMap<Vec<u8>, Option<u64>>,
     messages: HashMap<(u64, u64), MessageMeta>,
     cf_dedup: &'a rocksdb::ColumnFamily,
     cf_messages: &'a rocksdb::ColumnFamily,
@@ -200,20 +202,39 @@ impl<'a> ApplyBatch<'a> {
 
 impl SmStore for ApplyBatch<'_> {
     fn dedup_get(&self, topic_id: u64, id: &str) -> Result<Option<u64>, StoreError> {
-        if let Some(pending) = self.dedup.get(&(topic_id, id.to_string())) {
+        let key = topic_scoped_key(topic_id, id);
+        if let Some(pending) = self.dedup.get(&key) {
             return Ok(*pending);
         }
-        Ok(self.db.get_pinned_cf(self.cf_dedup, topic_scoped_key(topic_id, id))?.as_deref().and_then(decode_u64))
+        Ok(self.db.get_pinned_cf(self.cf_dedup, &key)?.as_deref().and_then(decode_u64))
+    }
+
+    /// One batched RocksDB read for the ids of a multi-message publish: it probes the memtables
+    /// and each file's bloom filter for all keys together, in key order, instead of one full
+    /// lookup per message.
+    fn dedup_prefetch<'i>(&mut self, topic_id: u64, ids: impl Iterator<Item = &'i str>) -> Result<(), StoreError> {
+        let mut keys: Vec<Vec<u8>> =
+            ids.map(|id| topic_scoped_key(topic_id, id)).filter(|key| !self.dedup.contains_key(key)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let values = self.db.batched_multi_get_cf(self.cf_dedup, &keys, true);
+        for (key, value) in keys.into_iter().zip(values) {
+            let sequence = value?.as_deref().and_then(decode_u64);
+            self.dedup.insert(key, sequence);
+        }
+        Ok(())
     }
 
     fn dedup_put(&mut self, topic_id: u64, id: &str, sequence: u64) {
-        self.batch.put_cf(self.cf_dedup, topic_scoped_key(topic_id, id), sequence.to_be_bytes());
-        self.dedup.insert((topic_id, id.to_string()), Some(sequence));
+        let key = topic_scoped_key(topic_id, id);
+        self.batch.put_cf(self.cf_dedup, &key, sequence.to_be_bytes());
+        self.dedup.insert(key, Some(sequence));
     }
 
     fn dedup_delete(&mut self, topic_id: u64, id: &str) {
-        self.batch.delete_cf(self.cf_dedup, topic_scoped_key(topic_id, id));
-        self.dedup.insert((topic_id, id.to_string()), None);
+        let key = topic_scoped_key(topic_id, id);
+        self.batch.delete_cf(self.cf_dedup, &key);
+        self.dedup.insert(key, None);
     }
 
     fn message_put(&mut self, topic_id: u64, sequence: u64, message: StoredMessage) {

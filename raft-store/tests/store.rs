@@ -194,3 +194,45 @@ fn a_crash_mid_write_leaves_a_consistent_store() {
         }
     });
 }
+
+/// A batch publish looks its ids up together (one batched RocksDB read): what it finds must
+/// be what one lookup per message would find, in apply calls before it, in the same apply
+/// call, and in the batch itself.
+#[tokio::test]
+async fn a_batch_publish_finds_every_kind_of_duplicate() {
+    use raft_store::PublishResult::{Duplicate, Stored};
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let batch = |ids: &[&str]| {
+        let messages =
+            ids.iter().map(|id| NewMessage { id: (*id).into(), timestamp: 9, payload: Bytes::from("1") }).collect();
+        Request::Publish { topic: "a".into(), messages, now_ms: 10 }
+    };
+    store.state_machine.apply([entry(1, create("a")), entry(2, batch(&["old-1", "old-2"]))]).await.unwrap();
+    let r = store
+        .state_machine
+        .apply([entry(3, batch(&["same-call"])), entry(4, batch(&["new-1", "old-2", "same-call", "new-1", "new-2"]))])
+        .await
+        .unwrap();
+    let results = |sequences: Vec<raft_store::PublishResult>| Response::Published { results: sequences };
+    assert_eq!(r[0], results(vec![Stored { sequence: 3 }]));
+    assert_eq!(
+        r[1],
+        results(vec![
+            Stored { sequence: 4 },
+            Duplicate { existing_sequence: 2 },
+            Duplicate { existing_sequence: 3 },
+            Duplicate { existing_sequence: 4 },
+            Stored { sequence: 5 },
+        ])
+    );
+    let generated = Request::publish(
+        "a".into(),
+        vec![NewMessage { id: "g".into(), timestamp: 9, payload: Bytes::from("1") }],
+        10,
+        true,
+    );
+    store.state_machine.apply([entry(5, generated)]).await.unwrap();
+    let r = store.state_machine.apply([entry(6, batch(&["g", "new-3"]))]).await.unwrap();
+    assert_eq!(r[0], results(vec![Duplicate { existing_sequence: 6 }, Stored { sequence: 7 }]));
+}

@@ -96,16 +96,25 @@ pub fn minify(text: &str) -> Vec<u8> {
     out
 }
 
-pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<NewMessage, ApiError> {
+/// A message checked at the edge, ready to propose.
+pub struct Incoming {
+    pub message: NewMessage,
+    /// The client sent no id, so this node generated a fresh UUID (see
+    /// [`Request::PublishGeneratedIds`]).
+    pub id_generated: bool,
+}
+
+pub fn new_message_from(app: &SharedApp, m: MessageFields) -> Result<Incoming, ApiError> {
     let payload = m.payload.ok_or_else(|| ApiError::InvalidRequest("payload is required".into()))?;
-    let id = match m.id {
+    let (id, id_generated) = match m.id {
         Some(id) => {
             input::id_field("id", &id)?;
-            id
+            (id, false)
         }
-        None => uuid::Uuid::new_v4().to_string(),
+        None => (uuid::Uuid::new_v4().to_string(), true),
     };
-    Ok(NewMessage { id, timestamp: m.timestamp.unwrap_or_else(|| app.now_ms()), payload: payload_bytes(payload)? })
+    let timestamp = m.timestamp.unwrap_or_else(|| app.now_ms());
+    Ok(Incoming { message: NewMessage { id, timestamp, payload: payload_bytes(payload)? }, id_generated })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -122,12 +131,12 @@ pub async fn publish(
     let topic = input::topic_name(path)?;
     let mode = ack_mode(&input::query(query)?)?;
     let bytes = input::body(body, PUBLISH_BODY_BYTES_MAX).await?;
-    let message = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
+    let Incoming { message, id_generated } = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
     let record = active(&app, &topic)?;
     let id = message.id.clone();
-    if mode == AckMode::Appended {
+    if mode == AckMode::Appended && !id_generated {
         // A 202 never learns the apply result, so a known duplicate is refused here. A
         // committed publish needs no lookup of its own: apply finds the duplicate (one
         // RocksDB read per message fewer on the leader's hot path).
@@ -137,7 +146,7 @@ pub async fn publish(
         app.metrics.count_publish(Outcome::Duplicate, 1);
         return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
-    let request = Request::Publish { topic: topic.clone(), messages: vec![message], now_ms: app.now_ms() };
+    let request = Request::publish(topic.clone(), vec![message], app.now_ms(), id_generated);
 
     if mode == AckMode::Appended {
         let receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
@@ -202,12 +211,14 @@ pub async fn batch(
     if batch.messages.is_empty() || batch.messages.len() > BATCH_MESSAGES_MAX {
         return Err(ApiError::InvalidRequest(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
     }
-    let messages = batch.messages.into_iter().map(|m| new_message_from(&app, m)).collect::<Result<Vec<_>, _>>()?;
+    let incoming = batch.messages.into_iter().map(|m| new_message_from(&app, m)).collect::<Result<Vec<_>, _>>()?;
+    let ids_generated = incoming.iter().all(|m| m.id_generated);
+    let messages: Vec<NewMessage> = incoming.into_iter().map(|m| m.message).collect();
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
     active(&app, &topic)?;
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
-    let request = Request::Publish { topic: topic.clone(), messages, now_ms: app.now_ms() };
+    let request = Request::publish(topic.clone(), messages, app.now_ms(), ids_generated);
     let written = app
         .write(request, &where_)
         .await

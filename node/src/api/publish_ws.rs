@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::input;
-use super::publish::{new_message_from, present, stored_sequence, MessageFields};
+use super::publish::{new_message_from, present, stored_sequence, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
@@ -151,12 +151,12 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
 
 /// Publishes one message; answers its id, sequence and log index.
 async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Result<(String, u64, u64), ApiError> {
-    let message = new_message_from(app, fields)?;
+    let Incoming { message, id_generated } = new_message_from(app, fields)?;
     active(app, topic)?;
     // No duplicate lookup before proposing: apply finds a duplicate and answers with its
     // sequence, as it would for one proposed concurrently.
     let id = message.id.clone();
-    let request = Request::Publish { topic: topic.to_string(), messages: vec![message], now_ms: app.now_ms() };
+    let request = Request::publish(topic.to_string(), vec![message], app.now_ms(), id_generated);
     let written = app
         .write(request, &format!("/topics/{topic}/publish"))
         .await
