@@ -75,13 +75,23 @@ fn log_append(c: &mut Criterion) {
     group.finish();
 }
 
+/// Makes the requests of one iteration.
+type Requests = fn() -> Vec<Request>;
+
 fn sm_apply(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("state_machine_apply_256B");
     group.measurement_time(Duration::from_secs(5)).sample_size(20);
-    let cases =
-        [("single", 1usize, 256usize, false), ("batch_256", 256, 1, false), ("batch_256_generated_ids", 256, 1, true)];
-    for (name, per_entry, entries, ids_generated) in cases {
+    // 256 messages per iteration, shaped as: 256 entries of one message; one entry of 256 (a
+    // batch publish), with client or generated ids; one entry packing 256 single-message
+    // publishes (what the proposer makes of concurrent publishes).
+    let cases: [(&str, Requests); 4] = [
+        ("single", || (0..256).map(|_| publish(1, false)).collect()),
+        ("batch_256", || vec![publish(256, false)]),
+        ("batch_256_generated_ids", || vec![publish(256, true)]),
+        ("packed_256_single", || vec![Request::Batch((0..256).map(|_| publish(1, false)).collect())]),
+    ];
+    for (name, requests) in cases {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = raft_store::open(dir.path()).expect("open");
         let mut sm = store.state_machine;
@@ -89,13 +99,14 @@ fn sm_apply(c: &mut Criterion) {
         let create =
             Request::CreateTopic { topic: "bench".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
         rt.block_on(sm.apply([entry(index, create)])).expect("create");
-        group.throughput(Throughput::Elements((per_entry * entries) as u64));
+        group.throughput(Throughput::Elements(256));
         group.bench_function(name, |b| {
             b.iter(|| {
-                let batch: Vec<Entry> = (0..entries)
-                    .map(|_| {
+                let batch: Vec<Entry> = requests()
+                    .into_iter()
+                    .map(|request| {
                         index += 1;
-                        entry(index, publish(per_entry, ids_generated))
+                        entry(index, request)
                     })
                     .collect();
                 rt.block_on(sm.apply(batch)).expect("apply");

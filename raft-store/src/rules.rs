@@ -5,7 +5,7 @@
 //! ones), and the tests implement it over `BTreeMap`s. Every replica runs exactly this code
 //! on exactly the same commands, so every replica computes the same state.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 use crate::limits::{TOPICS_MAX, TRIM_PER_COMMAND_MAX};
@@ -65,6 +65,7 @@ pub fn apply(
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
         Request::Tick { now_ms } => tick(topics, store, *now_ms),
         Request::Batch(requests) => {
+            prefetch_client_ids(topics, store, requests)?;
             let mut responses = Vec::with_capacity(requests.len());
             let mut changed = Vec::new();
             for request in requests {
@@ -75,6 +76,25 @@ pub fn apply(
             Ok((Response::Batch(responses), changed))
         }
     }
+}
+
+/// Reads ahead the client ids that the publishes among `requests` will look up, one batched
+/// read per topic: the proposer packs many single-message publishes into one `Batch`.
+fn prefetch_client_ids(topics: &Topics, store: &mut impl SmStore, requests: &[Request]) -> Result<(), StoreError> {
+    let mut ids_by_topic: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for request in requests {
+        if let Request::Publish { topic, messages, .. } = request {
+            if let Some(record) = topics.by_name.get(topic).filter(|r| !r.deleted) {
+                ids_by_topic.entry(record.id).or_default().extend(messages.iter().map(|m| m.id.as_str()));
+            }
+        }
+    }
+    for (topic_id, ids) in ids_by_topic {
+        if ids.len() > 1 {
+            store.dedup_prefetch(topic_id, ids.into_iter())?;
+        }
+    }
+    Ok(())
 }
 
 fn create_topic(

@@ -215,6 +215,9 @@ impl SmStore for ApplyBatch<'_> {
     fn dedup_prefetch<'i>(&mut self, topic_id: u64, ids: impl Iterator<Item = &'i str>) -> Result<(), StoreError> {
         let mut keys: Vec<Vec<u8>> =
             ids.map(|id| topic_scoped_key(topic_id, id)).filter(|key| !self.dedup.contains_key(key)).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
         keys.sort_unstable();
         keys.dedup();
         let values = self.db.batched_multi_get_cf(self.cf_dedup, &keys, true);

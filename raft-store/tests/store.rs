@@ -235,4 +235,12 @@ async fn a_batch_publish_finds_every_kind_of_duplicate() {
     store.state_machine.apply([entry(5, generated)]).await.unwrap();
     let r = store.state_machine.apply([entry(6, batch(&["g", "new-3"]))]).await.unwrap();
     assert_eq!(r[0], results(vec![Duplicate { existing_sequence: 6 }, Stored { sequence: 7 }]));
+
+    // Single-message publishes packed into one entry by the proposer are read ahead together.
+    let packed = Request::Batch(vec![batch(&["new-3"]), batch(&["new-4"]), batch(&["old-1"]), batch(&["new-4"])]);
+    let r = store.state_machine.apply([entry(7, packed)]).await.unwrap();
+    let expected = [Duplicate { existing_sequence: 7 }, Stored { sequence: 8 }, Duplicate { existing_sequence: 1 }];
+    let mut expected: Vec<Response> = expected.into_iter().map(|r| results(vec![r])).collect();
+    expected.push(results(vec![Duplicate { existing_sequence: 8 }]));
+    assert_eq!(r[0], Response::Batch(expected));
 }
