@@ -48,8 +48,11 @@ pub fn node_binary() -> PathBuf {
     bin
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+/// `n` distinct free ports. Every listener is held until all are chosen: released one at a
+/// time, the kernel handed the same port to two nodes of one cluster (seen in CI).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
+    listeners.iter().map(|l| l.local_addr().expect("bound address").port()).collect()
 }
 
 /// One node process.
@@ -96,7 +99,7 @@ impl Cluster {
     /// Starts a cluster and waits until a leader is elected and every node knows it.
     pub async fn start(options: Options) -> Cluster {
         let dir = tempfile::Builder::new().prefix("pubsub-test-").tempdir().expect("temp dir");
-        let ports: Vec<u16> = (0..options.nodes).map(|_| free_port()).collect();
+        let ports = free_ports(options.nodes);
         let peers =
             ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
         let nodes = ports
