@@ -13,6 +13,7 @@ use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -48,11 +49,31 @@ pub fn node_binary() -> PathBuf {
     bin
 }
 
-/// `n` distinct free ports. Every listener is held until all are chosen: released one at a
-/// time, the kernel handed the same port to two nodes of one cluster (seen in CI).
+/// Test ports lie below Linux's default ephemeral range (32768 and up), where `bind(0)` never
+/// lands: a port chosen with `bind(0)` and released until the node binds it was once handed out
+/// again in between (two nodes of one cluster got the same port in CI). Each test binary takes
+/// its own window of the range (by pid); a counter keeps the clusters of its parallel tests apart.
+const TEST_PORTS_FIRST: u16 = 20_000;
+const TEST_PORTS_WINDOWS: u32 = 120;
+const TEST_PORTS_PER_WINDOW: u16 = 100;
+
+/// `n` distinct ports that could be bound just now, none handed out before by this process.
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
-    listeners.iter().map(|l| l.local_addr().expect("bound address").port()).collect()
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let window = TEST_PORTS_FIRST + (std::process::id() % TEST_PORTS_WINDOWS) as u16 * TEST_PORTS_PER_WINDOW;
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..2 * TEST_PORTS_PER_WINDOW {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % TEST_PORTS_PER_WINDOW;
+        let port = window + offset;
+        // Something else on the machine may hold it: skip those.
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+        if ports.len() == n {
+            return ports;
+        }
+    }
+    panic!("no {n} free ports in 127.0.0.1:{window}..{}", window + TEST_PORTS_PER_WINDOW);
 }
 
 /// One node process.
