@@ -51,6 +51,15 @@ pub fn apply(
     store: &mut impl SmStore,
     request: &Request,
 ) -> Result<(Response, Vec<String>), StoreError> {
+    prefetch_client_ids(topics, store, request)?;
+    apply_command(topics, store, request)
+}
+
+fn apply_command(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    request: &Request,
+) -> Result<(Response, Vec<String>), StoreError> {
     match request {
         Request::CreateTopic { topic, metadata, retention, now_ms } => {
             Ok(create_topic(topics, topic, metadata, *retention, *now_ms))
@@ -65,11 +74,10 @@ pub fn apply(
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
         Request::Tick { now_ms } => tick(topics, store, *now_ms),
         Request::Batch(requests) => {
-            prefetch_client_ids(topics, store, requests)?;
             let mut responses = Vec::with_capacity(requests.len());
             let mut changed = Vec::new();
             for request in requests {
-                let (response, touched) = apply(topics, store, request)?;
+                let (response, touched) = apply_command(topics, store, request)?;
                 responses.push(response);
                 changed.extend(touched);
             }
@@ -78,9 +86,14 @@ pub fn apply(
     }
 }
 
-/// Reads ahead the client ids that the publishes among `requests` will look up, one batched
-/// read per topic: the proposer packs many single-message publishes into one `Batch`.
-fn prefetch_client_ids(topics: &Topics, store: &mut impl SmStore, requests: &[Request]) -> Result<(), StoreError> {
+/// Reads ahead the client ids that `request` will look up, in one batched read per topic: a
+/// batch publish holds many, and so does a `Batch` into which the proposer packed many
+/// single-message publishes.
+fn prefetch_client_ids(topics: &Topics, store: &mut impl SmStore, request: &Request) -> Result<(), StoreError> {
+    let requests = match request {
+        Request::Batch(requests) => requests.as_slice(),
+        one => std::slice::from_ref(one),
+    };
     let mut ids_by_topic: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
     for request in requests {
         if let Request::Publish { topic, messages, .. } = request {
@@ -165,9 +178,6 @@ fn publish(
     let Some(record) = topics.by_name.get_mut(name).filter(|r| !r.deleted) else {
         return Ok((Response::TopicNotFound, vec![]));
     };
-    if ids == Ids::MayRepeat && messages.len() > 1 {
-        store.dedup_prefetch(record.id, messages.iter().map(|m| m.id.as_str()))?;
-    }
     let mut results = Vec::with_capacity(messages.len());
     for message in messages {
         if ids == Ids::MayRepeat {
