@@ -131,6 +131,10 @@ async fn publish_follows_the_contract() {
     assert_eq!(r.status, 201);
     assert_eq!(r.body["id"].as_str().unwrap().len(), 36);
     assert_eq!(r.body["sequence"], 2);
+    // A generated id that a client sends back is a duplicate like any other.
+    let generated = r.body["id"].clone();
+    let r = post(&url, &json!({"id": generated, "payload": 1})).await.unwrap();
+    assert_eq!((r.status, &r.body["existing_sequence"]), (409, &json!(2)), "{r:?}");
 
     // Duplicate id.
     let r = post(&url, &json!({"id": "msg-1", "payload": 2})).await.unwrap();
@@ -196,6 +200,11 @@ async fn publish_follows_the_contract() {
     let many: Vec<Value> = (0..1001).map(|i| json!({"payload": i})).collect();
     let r = post(&format!("{url}/batch"), &json!({"messages": many})).await.unwrap();
     assert_eq!(r.status, 400);
+    // A batch whose ids are all generated.
+    let r = post(&format!("{url}/batch"), &json!({"messages": [{"payload": 1}, {"payload": 2}]})).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let sequences: Vec<&Value> = r.body["results"].as_array().unwrap().iter().map(|r| &r["sequence"]).collect();
+    assert_eq!(sequences, [&json!(7), &json!(8)]);
 }
 
 #[tokio::test]
