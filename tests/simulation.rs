@@ -176,7 +176,11 @@ fn run(s: &Scenario) -> Result<History, String> {
         let offset = offset.clone();
         sim.host(host(i), move || {
             let config = config.clone();
-            let env = Env { dialer: Arc::new(SimDialer), clock: Arc::new(SimClock { offset_ms: offset.clone() }) };
+            let env = Env {
+                dialer: Arc::new(SimDialer),
+                clock: Arc::new(SimClock { offset_ms: offset.clone() }),
+                delivery: None,
+            };
             async move {
                 loop {
                     let listener = turmoil::net::TcpListener::bind("0.0.0.0:8080").await?;

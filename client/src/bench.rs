@@ -164,8 +164,7 @@ pub fn payload(size_bytes: usize, t_us: u64) -> Value {
 }
 
 /// An empty latency histogram. It grows with the largest sample recorded rather than
-/// starting at [`LATENCY_US_MAX`] (about 170 KiB), which matters with one per subscriber and a
-/// thousand subscribers.
+/// starting at [`LATENCY_US_MAX`] (about 170 KiB), which matters with one per publisher task.
 fn histogram() -> Histogram<u64> {
     // The digits are a constant within 0..=5, which is all this checks; no input or I/O can
     // make it fail.
@@ -251,9 +250,12 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     // Subscribers first, so a Latest cursor is pinned before the first publish.
     let (target_tx, target_rx) = watch::channel::<Option<u64>>(None);
     let subscriptions = subscribers::open(client, &config.topic, config.subscribers).await?;
+    let deliver_latency: subscribers::SharedLatency = Arc::new(std::sync::Mutex::new(histogram()));
     let subscriber_tasks: Vec<_> = subscriptions
         .into_iter()
-        .map(|sub| tokio::spawn(subscribers::receive(sub, target_rx.clone(), config.drain_timeout)))
+        .map(|sub| {
+            tokio::spawn(subscribers::receive(sub, deliver_latency.clone(), target_rx.clone(), config.drain_timeout))
+        })
         .collect();
     // Connections are opened before the clock starts: the run measures publishing.
     let links = open_links(client, config, publishers).await?;
@@ -295,16 +297,15 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     bar.finish_and_clear();
 
     let _ = target_tx.send(Some(acked));
-    let mut deliver = histogram();
     let (mut delivered, mut deliver_errors) = (0u64, 0u64);
     for task in subscriber_tasks {
         if let Ok(received) = task.await {
-            let _ = deliver.add(&received.latency);
             delivered += received.count;
             deliver_errors += received.errors;
         }
     }
 
+    let deliver = std::mem::replace(&mut *deliver_latency.lock().unwrap_or_else(|e| e.into_inner()), histogram());
     let secs = elapsed.as_secs_f64();
     let fanout = config.subscribers > 0;
     let some_if = |v: f64| fanout.then_some(v);

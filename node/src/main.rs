@@ -2,6 +2,7 @@
 
 use axum::serve::ListenerExt;
 use clap::Parser;
+use pubsub_node::limits::{DELIVERY_CORES_PER_THREAD, DELIVERY_THREAD_NICE};
 use pubsub_node::{Config, Env, Flags};
 
 /// jemalloc rather than glibc's malloc: Raft batches and log reads allocate buffers of
@@ -11,8 +12,36 @@ use pubsub_node::{Config, Env, Flags};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    let delivery = delivery_runtime();
+    let node =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("cannot start the tokio runtime");
+    node.block_on(node_main(delivery.handle().clone()));
+}
+
+/// The runtime of subscription sessions: its own threads, at a lower priority than the
+/// node's, so that fanning a message out to many subscribers never delays the commit of the
+/// next one (Raft, the log and the publish answers run on the node's runtime).
+fn delivery_runtime() -> tokio::runtime::Runtime {
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.div_ceil(DELIVERY_CORES_PER_THREAD))
+        .thread_name("delivery")
+        .enable_all()
+        .on_thread_start(|| {
+            // Only this thread: on Linux a thread id names one thread to setpriority. Failure
+            // leaves it at the node's priority, which is still correct.
+            // SAFETY: two syscalls about the calling thread, no memory is shared.
+            unsafe {
+                let tid = libc::gettid();
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DELIVERY_THREAD_NICE);
+            }
+        })
+        .build()
+        .expect("cannot start the delivery runtime")
+}
+
+async fn node_main(delivery: tokio::runtime::Handle) {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
@@ -42,7 +71,7 @@ async fn main() {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
         }
     });
-    if let Err(e) = pubsub_node::run(config, listener, Env::production(), shutdown_signal()).await {
+    if let Err(e) = pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown_signal()).await {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -56,11 +56,14 @@ impl Clock for SystemClock {
 pub struct Env {
     pub dialer: Arc<dyn Dialer>,
     pub clock: Arc<dyn Clock>,
+    /// Where subscription sessions run; `None`: on the node's own runtime (the simulation,
+    /// whose hosts each have one).
+    pub delivery: Option<tokio::runtime::Handle>,
 }
 
 impl Env {
-    /// Real sockets and the system clock.
-    pub fn production() -> Self {
-        Self { dialer: Arc::new(TokioDialer), clock: Arc::new(SystemClock) }
+    /// Real sockets and the system clock; sessions on `delivery` (see `main.rs`).
+    pub fn production(delivery: Option<tokio::runtime::Handle>) -> Self {
+        Self { dialer: Arc::new(TokioDialer), clock: Arc::new(SystemClock), delivery }
     }
 }

@@ -1,6 +1,7 @@
 //! The fan-out side of `pubsub bench`: subscriptions opened concurrently, each counting what
 //! it receives and recording deliver latency from the timestamp in the payload.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
@@ -8,17 +9,21 @@ use hdrhistogram::Histogram;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::{histogram, now_us, record};
+use super::{now_us, record};
 use crate::client::Client;
 use crate::endpoint::Cursor;
 use crate::error::Error;
 use crate::limits::BENCH_CONNECTS_CONCURRENT;
 use crate::subscription::{Event, SubscribeOptions, Subscription};
 
+/// Publish→deliver latency of every message to every subscriber. One histogram shared by all
+/// subscribers rather than one each: a thousand histograms made every record a cache miss
+/// (`record_n_inner` was the load generator's top symbol in a 1,000-subscriber run), while
+/// the lock is taken by at most one task per worker thread at a time.
+pub(super) type SharedLatency = Arc<Mutex<Histogram<u64>>>;
+
 /// What one subscriber received.
 pub(super) struct Received {
-    /// Publish→deliver latency of each message.
-    pub(super) latency: Histogram<u64>,
     /// Messages received.
     pub(super) count: u64,
     /// Stream errors (gaps, a reconnect budget spent).
@@ -40,8 +45,13 @@ pub(super) async fn open(client: &Client, topic: &str, count: usize) -> Result<V
 
 /// Receives until it has seen `target` messages (known once publishing ends) or the drain
 /// timeout passes after that.
-pub(super) async fn receive(mut sub: Subscription, target: watch::Receiver<Option<u64>>, drain: Duration) -> Received {
-    let mut received = Received { latency: histogram(), count: 0, errors: 0 };
+pub(super) async fn receive(
+    mut sub: Subscription,
+    latency: SharedLatency,
+    target: watch::Receiver<Option<u64>>,
+    drain: Duration,
+) -> Received {
+    let mut received = Received { count: 0, errors: 0 };
     let mut goal = None;
     // One wait for the goal and one timer for the whole run, not one of each per message:
     // with a thousand subscribers they showed in the load generator's profile.
@@ -66,7 +76,8 @@ pub(super) async fn receive(mut sub: Subscription, target: watch::Receiver<Optio
                 Some(Ok(Event::Message(m))) => {
                     received.count += 1;
                     if let Some(t_us) = m.payload.get("t_us").and_then(Value::as_u64) {
-                        record(&mut received.latency, Duration::from_micros(now_us().saturating_sub(t_us)));
+                        let elapsed = Duration::from_micros(now_us().saturating_sub(t_us));
+                        record(&mut latency.lock().unwrap_or_else(|e| e.into_inner()), elapsed);
                     }
                 }
                 Some(Ok(_)) => {}

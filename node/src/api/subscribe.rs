@@ -59,6 +59,12 @@ pub async fn subscribe(
         .max_frame_size(SUBSCRIBER_FRAME_BYTES_MAX)
         .read_buffer_size(SUBSCRIBER_READ_BUFFER_BYTES)
         .write_buffer_size(SUBSCRIBER_WRITE_BUFFER_BYTES)
-        .on_upgrade(move |socket| session::run(app, socket, session))
+        .on_upgrade(move |socket| async move {
+            // On the delivery runtime when there is one (see `limits::DELIVERY_THREAD_NICE`).
+            match app.env.delivery.clone() {
+                Some(delivery) => drop(delivery.spawn(session::run(app, socket, session))),
+                None => session::run(app, socket, session).await,
+            }
+        })
         .into_response())
 }
