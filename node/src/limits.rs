@@ -81,10 +81,11 @@ pub const SUBSCRIBER_READ_BUFFER_BYTES: usize = 4 * 1024;
 pub const SUBSCRIBER_WRITE_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Subscription sessions run on their own runtime (`main.rs`): one worker thread per this
-/// many cores (at least one), at this `nice` above the node's threads. Fanning one message
-/// out to a thousand sockets is a burst of milliseconds of work; on the node's runtime it
-/// queued ahead of the Raft messages and log writes of the next commit (publish p50 16–18 ms
-/// with 1,000 subscribers at 100 msgs/s, 4–5 ms on a runtime of its own).
+/// many cores (at least one), at this `nice` (the node's other threads keep the process's,
+/// normally 0). Fanning one message out to a thousand sockets is a burst of milliseconds of
+/// work; on the node's runtime it queued ahead of the Raft messages and log writes of the
+/// next commit (publish p50 16–18 ms with 1,000 subscribers at 100 msgs/s, 4–5 ms on a
+/// runtime of its own).
 pub const DELIVERY_CORES_PER_THREAD: usize = 2;
 pub const DELIVERY_THREAD_NICE: i32 = 5;
 

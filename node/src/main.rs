@@ -2,7 +2,7 @@
 
 use axum::serve::ListenerExt;
 use clap::Parser;
-use pubsub_node::limits::{DELIVERY_CORES_PER_THREAD, DELIVERY_THREAD_NICE};
+use pubsub_node::limits::DELIVERY_CORES_PER_THREAD;
 use pubsub_node::{Config, Env, Flags};
 
 /// jemalloc rather than glibc's malloc: Raft batches and log reads allocate buffers of
@@ -20,25 +20,30 @@ fn main() {
 }
 
 /// The runtime of subscription sessions: its own threads, at a lower priority than the
-/// node's, so that fanning a message out to many subscribers never delays the commit of the
-/// next one (Raft, the log and the publish answers run on the node's runtime).
+/// node's, so that fanning a message out to many subscribers does not queue ahead of the
+/// next commit (Raft, the log and the publish answers run on the node's runtime).
 fn delivery_runtime() -> tokio::runtime::Runtime {
     let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores.div_ceil(DELIVERY_CORES_PER_THREAD))
         .thread_name("delivery")
         .enable_all()
-        .on_thread_start(|| {
-            // Only this thread: on Linux a thread id names one thread to setpriority. Failure
-            // leaves it at the node's priority, which is still correct.
-            // SAFETY: two syscalls about the calling thread, no memory is shared.
-            unsafe {
-                let tid = libc::gettid();
-                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DELIVERY_THREAD_NICE);
-            }
-        })
+        .on_thread_start(lower_this_threads_priority)
         .build()
         .expect("cannot start the delivery runtime")
+}
+
+/// Sets the calling thread's `nice` to `limits::DELIVERY_THREAD_NICE`; the node's threads keep
+/// the process's (normally 0). Linux only: there a thread id names one thread to
+/// `setpriority`. Failure leaves the thread at the node's priority, which is slower under load
+/// but still correct.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: two syscalls about the calling thread; no memory is shared.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, pubsub_node::limits::DELIVERY_THREAD_NICE);
+    }
 }
 
 async fn node_main(delivery: tokio::runtime::Handle) {

@@ -60,7 +60,8 @@ pub async fn subscribe(
         .read_buffer_size(SUBSCRIBER_READ_BUFFER_BYTES)
         .write_buffer_size(SUBSCRIBER_WRITE_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
-            // On the delivery runtime when there is one (see `limits::DELIVERY_THREAD_NICE`).
+            // On the delivery runtime when there is one (see `limits::DELIVERY_THREAD_NICE`),
+            // detached: a session ends by itself when its client goes or the node shuts down.
             match app.env.delivery.clone() {
                 Some(delivery) => drop(delivery.spawn(session::run(app, socket, session))),
                 None => session::run(app, socket, session).await,
