@@ -146,6 +146,8 @@ async fn publish_follows_the_contract() {
     // ack=appended.
     let r = post(&format!("{url}?ack=appended"), &json!({"id": "a1", "payload": 3})).await.unwrap();
     assert_eq!((r.status, &r.body["committed"]), (202, &json!(false)));
+    // The 202 answer names sequence and raft_index as null: not yet known.
+    assert_eq!(r.body, json!({"id": "a1", "topic": "t", "sequence": null, "raft_index": null, "committed": false}));
     // ack=appended never sees the apply result: a known duplicate is refused before proposing.
     let r = post(&format!("{url}?ack=appended"), &json!({"id": "msg-1", "payload": 3})).await.unwrap();
     assert_eq!((r.status, &r.body["existing_sequence"]), (409, &json!(1)));

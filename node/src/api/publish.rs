@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
 use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::json;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 
@@ -156,7 +155,7 @@ pub async fn publish(
             drop(guard);
         });
         app.metrics.count_publish(Outcome::Appended, 1);
-        let body = json!({"id": id, "topic": topic, "sequence": null, "raft_index": null, "committed": false});
+        let body = PublishAnswer { id: &id, topic: &topic, sequence: None, raft_index: None, committed: false };
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
 
@@ -164,9 +163,25 @@ pub async fn publish(
     drop(guard);
     let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
     let sequence = stored_sequence(&app, &topic, &id, written.response)?;
-    let body =
-        json!({"id": id, "topic": topic, "sequence": sequence, "raft_index": written.log_index, "committed": true});
+    let body = PublishAnswer {
+        id: &id,
+        topic: &topic,
+        sequence: Some(sequence),
+        raft_index: Some(written.log_index),
+        committed: true,
+    };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The answer to a single publish, serialized straight from these fields rather than built
+/// as a `Value` map (an `IndexMap` with hashed keys) per request. `None` is written as `null`.
+#[derive(Serialize)]
+struct PublishAnswer<'a> {
+    id: &'a str,
+    topic: &'a str,
+    sequence: Option<u64>,
+    raft_index: Option<u64>,
+    committed: bool,
 }
 
 /// Answers a publish of an id the topic already holds without a Raft write.
