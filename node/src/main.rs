@@ -2,7 +2,7 @@
 
 use axum::serve::ListenerExt;
 use clap::Parser;
-use pubsub_node::limits::DELIVERY_CORES_PER_THREAD;
+use pubsub_node::limits::{DELIVERY_CORES_PER_THREAD, DELIVERY_THREAD_NICE};
 use pubsub_node::{Config, Env, Flags};
 
 /// jemalloc rather than glibc's malloc: Raft batches and log reads allocate buffers of
@@ -33,7 +33,7 @@ fn delivery_runtime() -> tokio::runtime::Runtime {
         .expect("cannot start the delivery runtime")
 }
 
-/// Sets the calling thread's `nice` to `limits::DELIVERY_THREAD_NICE`; the node's threads keep
+/// Sets the calling thread's `nice` to [`DELIVERY_THREAD_NICE`]; the node's threads keep
 /// the process's (normally 0). Linux only: there a thread id names one thread to
 /// `setpriority`. Failure leaves the thread at the node's priority, which is slower under load
 /// but still correct.
@@ -42,7 +42,7 @@ fn lower_this_threads_priority() {
     // SAFETY: two syscalls about the calling thread; no memory is shared.
     unsafe {
         let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, pubsub_node::limits::DELIVERY_THREAD_NICE);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DELIVERY_THREAD_NICE);
     }
 }
 
