@@ -12,7 +12,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$CARGO_TARGET_DIR"
 
 need_apt=()
-ldconfig -p 2>/dev/null | grep -q 'libclang' || need_apt+=(libclang-dev)
+# libclang itself (libclang.so or libclang-N.so), not libclang-cpp, which some images ship
+# alone and bindgen cannot use.
+ldconfig -p 2>/dev/null | grep -qE 'libclang(-[0-9.]+)?\.so' || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing ${need_apt[*]}"
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
