@@ -35,7 +35,7 @@ echo "==> running the tests"
 cargo test --release --workspace --no-fail-fast -- --skip docker_faults_
 
 echo "==> running the Docker fault tests"
-cargo test --release -p pubsub-tests --test docker_faults -- --nocapture
+cargo test --release --workspace --test docker_faults -- --nocapture
 
 echo "==> running the deterministic simulation"
 scripts/sim.sh
