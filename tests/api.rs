@@ -461,3 +461,61 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
         assert_eq!(m["sequence"].as_u64().unwrap(), sequences[&i]);
     }
 }
+
+/// Frames written in one burst reach the leader together and are proposed as one group
+/// (`PUBLISH_WS_GROUP_FRAMES_MAX`): each still gets its own answer, a duplicate inside the
+/// burst is found, and a bad frame fails alone.
+#[tokio::test]
+async fn a_burst_of_publish_frames_is_answered_frame_by_frame() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/burst"), "").await.unwrap();
+    let mut ws = ws_connect(&l, "/topics/burst/publish").await;
+    let mut frames: Vec<Value> =
+        (0..40).map(|i| json!({"type": "publish", "ref": i, "id": format!("b{i}"), "payload": {"i": i}})).collect();
+    frames.push(json!({"type": "publish", "ref": "again", "id": "b3", "payload": {"i": 3}}));
+    frames.push(json!({"type": "publish", "ref": "no-payload", "id": "x"}));
+    frames.push(json!({"type": "subscribe", "ref": "wrong-type", "payload": 1}));
+    frames.push(json!({"type": "publish", "ref": "no-id", "payload": {"i": 40}}));
+    // One write for the whole burst: the server reads the frames together.
+    for frame in &frames {
+        ws.feed(Message::Text(frame.to_string().into())).await.unwrap();
+    }
+    ws.flush().await.unwrap();
+
+    let mut answers = std::collections::HashMap::new();
+    while answers.len() < frames.len() {
+        let frame = next_frame(&mut ws).await;
+        let key = frame["ref"].to_string();
+        assert!(answers.insert(key, frame).is_none(), "one answer per frame");
+    }
+    let answer = |r: Value| answers[&r.to_string()].clone();
+    assert_eq!(answer(json!("no-payload"))["error"], "invalid_request");
+    assert_eq!(answer(json!("wrong-type"))["error"], "invalid_request");
+    let generated = answer(json!("no-id"));
+    assert_eq!(generated["type"], "ack");
+    assert!(generated["id"].as_str().is_some_and(|id| !id.is_empty()), "the leader generated an id");
+
+    // "b3" was sent twice: one frame stored it, the other is its duplicate.
+    let (first, again) = (answer(json!(3)), answer(json!("again")));
+    let (stored, duplicate) = if first["type"] == "ack" { (first, again) } else { (again, first) };
+    assert_eq!(stored["type"], "ack");
+    assert_eq!(
+        (&duplicate["error"], &duplicate["existing_sequence"]),
+        (&json!("duplicate_message_id"), &stored["sequence"])
+    );
+
+    // 41 messages stored (b0..b39 and the generated one), with sequences 1..=41, each readable
+    // under the sequence its ack named.
+    let acks: Vec<&Value> = answers.values().filter(|a| a["type"] == "ack").collect();
+    let mut sequences: Vec<u64> = acks.iter().map(|a| a["sequence"].as_u64().unwrap()).collect();
+    sequences.sort();
+    assert_eq!(sequences, (1..=41).collect::<Vec<u64>>());
+    let (_, body) = http::get_json(&format!("{l}/topics/burst/messages?after=0&limit=100")).await.unwrap();
+    let stored: Vec<&Value> = body["messages"].as_array().unwrap().iter().collect();
+    assert_eq!(stored.len(), 41);
+    for ack in acks {
+        let m = stored.iter().find(|m| m["sequence"] == ack["sequence"]).expect("acked message is stored");
+        assert_eq!(m["id"], ack["id"]);
+    }
+}

@@ -13,6 +13,13 @@ pub const PUBLISH_BODY_BYTES_MAX: usize = PAYLOAD_BYTES_MAX + 64 * 1024;
 /// frames until answers go out.
 pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
 
+/// Frames of one publishing WebSocket that were already read when the first of them arrived
+/// are proposed together, as one multi-message publish (`api/publish_ws.rs`): at most this
+/// many frames and this many bytes of frames. A burst of frames then costs one proposal, one
+/// batched dedup read and one task instead of one each.
+pub const PUBLISH_WS_GROUP_FRAMES_MAX: usize = 256;
+pub const PUBLISH_WS_GROUP_BYTES_MAX: usize = 1024 * 1024;
+
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
@@ -142,6 +149,11 @@ pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 10_000;
 const _: () = {
     assert!(PUBLISH_BODY_BYTES_MAX > PAYLOAD_BYTES_MAX);
     assert!(BATCH_BODY_BYTES_MAX < RAFT_MESSAGE_BYTES_MAX);
+    // A group of publishing frames is no larger a command than a batch publish (the last
+    // frame may pass the byte bound by one frame).
+    assert!(PUBLISH_WS_GROUP_FRAMES_MAX <= BATCH_MESSAGES_MAX);
+    assert!(PUBLISH_WS_GROUP_FRAMES_MAX <= PUBLISH_WS_INFLIGHT_MAX);
+    assert!(PUBLISH_WS_GROUP_BYTES_MAX + PUBLISH_BODY_BYTES_MAX <= BATCH_BODY_BYTES_MAX);
     assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
     // Replication reads stay under the AppendEntries bound, so splitting is the rare case.
     assert!((raft_store::limits::REPLICATION_READ_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);

@@ -196,7 +196,7 @@ fn refuse_applied_duplicate(app: &SharedApp, topic_id: u64, id: &str) -> Result<
 }
 
 /// The sequence a single-message publish was stored with, from its apply result.
-pub(super) fn stored_sequence(app: &SharedApp, topic: &str, id: &str, response: SmResponse) -> Result<u64, ApiError> {
+fn stored_sequence(app: &SharedApp, topic: &str, id: &str, response: SmResponse) -> Result<u64, ApiError> {
     match response {
         SmResponse::Published { results } => match results.first() {
             Some(PublishResult::Stored { sequence }) => {

@@ -11,23 +11,27 @@ use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::Utf8Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use futures_util::{SinkExt, StreamExt};
-use raft_store::Request;
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::input;
-use super::publish::{new_message_from, present, stored_sequence, Incoming, MessageFields};
+use super::publish::{new_message_from, present, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX};
+use crate::limits::{
+    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX,
+    PUBLISH_WS_INFLIGHT_MAX,
+};
 use crate::metrics::Outcome;
 
 #[derive(Deserialize)]
@@ -106,42 +110,44 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     });
     // Bounds the publishes in flight on this connection: past it, reading waits.
     let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
-    loop {
-        let message = tokio::select! {
+    let mut open = true;
+    while open {
+        let first = tokio::select! {
             m = stream.next() => m,
             _ = app.shutdown.cancelled() => break,
         };
-        let text = match message {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
-            Some(Ok(_)) => continue,
+        let mut group = match read_frame(first) {
+            Read::Text(text) => vec![text],
+            Read::Other => continue,
+            Read::Closed => break,
         };
-        let Ok(permit) = permits.clone().acquire_owned().await else {
+        // Frames that were read with the first one (a client with many in flight sends them
+        // in bursts) need no wait: they join its proposal.
+        let mut bytes = group[0].len();
+        while group.len() < PUBLISH_WS_GROUP_FRAMES_MAX && bytes < PUBLISH_WS_GROUP_BYTES_MAX {
+            let Some(next) = stream.next().now_or_never() else { break };
+            match read_frame(next) {
+                Read::Text(text) => {
+                    bytes += text.len();
+                    group.push(text);
+                }
+                Read::Other => {}
+                Read::Closed => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
+        let Ok(permit) = permits.clone().acquire_many_owned(group.len() as u32).await else {
             break;
         };
         let (app, tx, topic) = (app.clone(), tx.clone(), topic.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let answer = match serde_json::from_str::<PublishFrame>(&text) {
-                Err(e) => error_frame(None, &ApiError::InvalidRequest(format!("invalid frame: {e}"))),
-                Ok(frame) => {
-                    let reference = frame.reference.as_deref();
-                    if frame.kind != "publish" {
-                        error_frame(reference, &ApiError::InvalidRequest("frames must have type \"publish\"".into()))
-                    } else {
-                        let fields = MessageFields { id: frame.id, payload: frame.payload, timestamp: frame.timestamp };
-                        match publish_one(&app, &topic, fields).await {
-                            Ok((id, sequence, raft_index)) => {
-                                let ack = AckFrame { kind: "ack", reference, id: &id, sequence, raft_index };
-                                // Strings and integers only: serializing cannot fail.
-                                serde_json::to_string(&ack).unwrap_or_default()
-                            }
-                            Err(e) => error_frame(reference, &e),
-                        }
-                    }
-                }
-            };
-            let _ = tx.send(answer).await;
+            for answer in publish_group(&app, &topic, &group).await {
+                let _ = tx.send(answer).await;
+            }
         });
     }
     drop(tx);
@@ -149,18 +155,116 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let _ = writer.await;
 }
 
-/// Publishes one message; answers its id, sequence and log index.
-async fn publish_one(app: &SharedApp, topic: &str, fields: MessageFields) -> Result<(String, u64, u64), ApiError> {
-    let Incoming { message, id_generated } = new_message_from(app, fields)?;
+/// One read from the client's side of the socket.
+enum Read {
+    Text(Utf8Bytes),
+    /// Pings, pongs and binary frames: nothing to answer.
+    Other,
+    /// The client closed, or the connection broke.
+    Closed,
+}
+
+fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
+    match message {
+        Some(Ok(Message::Text(text))) => Read::Text(text),
+        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Read::Closed,
+        Some(Ok(_)) => Read::Other,
+    }
+}
+
+/// A frame that passed the checks at the edge, waiting for its group's commit.
+struct Accepted {
+    /// Position of the frame in its group, which is the position of its answer.
+    at: usize,
+    reference: Option<Box<RawValue>>,
+    id: String,
+}
+
+/// Answers a group of frames, one answer per frame in frame order. The frames that pass the
+/// checks are proposed as one multi-message publish, applied in frame order exactly as if each
+/// had been proposed alone: each gets its own sequence, or its own `duplicate_message_id`.
+async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Vec<String> {
+    let mut answers = vec![String::new(); frames.len()];
+    let mut accepted = Vec::with_capacity(frames.len());
+    let mut messages = Vec::with_capacity(frames.len());
+    let mut ids_generated = true;
+    for (at, text) in frames.iter().enumerate() {
+        let frame = match serde_json::from_str::<PublishFrame>(text.as_str()) {
+            Ok(frame) => frame,
+            Err(e) => {
+                answers[at] = error_frame(None, &ApiError::InvalidRequest(format!("invalid frame: {e}")));
+                continue;
+            }
+        };
+        if frame.kind != "publish" {
+            let e = ApiError::InvalidRequest("frames must have type \"publish\"".into());
+            answers[at] = error_frame(frame.reference.as_deref(), &e);
+            continue;
+        }
+        let fields = MessageFields { id: frame.id, payload: frame.payload, timestamp: frame.timestamp };
+        match new_message_from(app, fields) {
+            Ok(Incoming { message, id_generated }) => {
+                ids_generated &= id_generated;
+                accepted.push(Accepted { at, reference: frame.reference, id: message.id.clone() });
+                messages.push(message);
+            }
+            Err(e) => answers[at] = error_frame(frame.reference.as_deref(), &e),
+        }
+    }
+    if messages.is_empty() {
+        return answers;
+    }
+    match publish_messages(app, topic, messages, ids_generated).await {
+        Ok((results, raft_index)) => {
+            for (a, result) in accepted.iter().zip(results) {
+                let reference = a.reference.as_deref();
+                answers[a.at] = match result {
+                    PublishResult::Stored { sequence } => {
+                        app.metrics.count_publish(Outcome::Stored, 1);
+                        let ack = AckFrame { kind: "ack", reference, id: &a.id, sequence, raft_index };
+                        // Strings and integers only: serializing cannot fail.
+                        serde_json::to_string(&ack).unwrap_or_default()
+                    }
+                    PublishResult::Duplicate { existing_sequence } => {
+                        app.metrics.count_publish(Outcome::Duplicate, 1);
+                        let e = ApiError::DuplicateMessageId {
+                            id: a.id.clone(),
+                            existing_sequence: Some(existing_sequence),
+                        };
+                        error_frame(reference, &e)
+                    }
+                };
+            }
+        }
+        Err(e) => {
+            for a in &accepted {
+                answers[a.at] = error_frame(a.reference.as_deref(), &e);
+            }
+        }
+    }
+    answers
+}
+
+/// Proposes `messages` as one publish; answers one result per message, in order, and the
+/// log index of the entry that carried them.
+async fn publish_messages(
+    app: &SharedApp,
+    topic: &str,
+    messages: Vec<NewMessage>,
+    ids_generated: bool,
+) -> Result<(Vec<PublishResult>, u64), ApiError> {
     active(app, topic)?;
     // No duplicate lookup before proposing: apply finds a duplicate and answers with its
     // sequence, as it would for one proposed concurrently.
-    let id = message.id.clone();
-    let request = Request::publish(topic.to_string(), vec![message], app.now_ms(), id_generated);
+    let count = messages.len();
+    let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
     let written = app
         .write(request, &format!("/topics/{topic}/publish"))
         .await
-        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
-    let sequence = stored_sequence(app, topic, &id, written.response)?;
-    Ok((id, sequence, written.log_index))
+        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
+    match written.response {
+        SmResponse::Published { results } if results.len() == count => Ok((results, written.log_index)),
+        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
+        other => Err(ApiError::internal(format!("a publish of {count} was applied as {other:?}"))),
+    }
 }
