@@ -40,6 +40,9 @@ pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
+/// Messages one command may hold when the proposer merges publishes to the same topic into
+/// it (`propose.rs`): no more than a batch publish holds.
+pub const PROPOSAL_MERGED_MESSAGES_MAX: usize = BATCH_MESSAGES_MAX;
 
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -12,10 +12,13 @@ use std::sync::Arc;
 
 use openraft::error::{ClientWriteError, RaftError};
 use raft_store::typ::Raft;
-use raft_store::{Node, NodeId, Request, Response};
+use raft_store::{NewMessage, Node, NodeId, Request, Response};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::limits::{PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX};
+use crate::limits::{
+    PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN,
+    PROPOSAL_REQUESTS_MAX,
+};
 
 /// A committed and applied write.
 #[derive(Debug, Clone)]
@@ -109,30 +112,263 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
             one.reply.send(result.map(|r| Committed { log_index: r.log_id.index, response: r.data }).map_err(failure));
         return;
     }
-    let (requests, replies): (Vec<Request>, Vec<_>) = batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    let (mut requests, answers): (Vec<Request>, Vec<Answers>) = pack(batch).into_iter().unzip();
     let count = requests.len();
-    match raft.client_write(Request::Batch(requests)).await {
+    // Concurrent publishes to one topic often pack into a single command: no Batch around it.
+    let request = match requests.pop() {
+        Some(only) if count == 1 => only,
+        Some(last) => {
+            requests.push(last);
+            Request::Batch(requests)
+        }
+        None => return,
+    };
+    match raft.client_write(request).await {
         Ok(written) => {
             let log_index = written.log_id.index;
             let responses = match written.data {
-                Response::Batch(responses) if responses.len() == count => responses,
+                Response::Batch(responses) if count > 1 && responses.len() == count => responses,
+                single if count == 1 => vec![single],
                 other => {
-                    let e = ProposeFailure::Other(format!("a batch of {count} was applied as {other:?}"));
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
+                    let e = ProposeFailure::Other(format!("an entry of {count} commands was applied as {other:?}"));
+                    answers.into_iter().for_each(|a| a.fail(&e));
                     return;
                 }
             };
-            for (reply, response) in replies.into_iter().zip(responses) {
-                let _ = reply.send(Ok(Committed { log_index, response }));
+            for (answer, response) in answers.into_iter().zip(responses) {
+                answer.send(log_index, response);
             }
         }
         Err(e) => {
             let e = failure(e);
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
+            answers.into_iter().for_each(|a| a.fail(&e));
+        }
+    }
+}
+
+/// The writes one command of an entry answers: one, or several publishes to the same topic
+/// merged into it, each owning the next `results` of its publish results.
+struct Answers(Vec<(oneshot::Sender<Result<Committed, ProposeFailure>>, usize)>);
+
+impl Answers {
+    fn send(self, log_index: u64, response: Response) {
+        let mut parts = self.0;
+        if parts.len() == 1 {
+            let (reply, _) = parts.remove(0);
+            let _ = reply.send(Ok(Committed { log_index, response }));
+            return;
+        }
+        let wanted: usize = parts.iter().map(|(_, n)| n).sum();
+        match response {
+            Response::Published { results } if results.len() == wanted => {
+                let mut results = results.into_iter();
+                for (reply, n) in parts {
+                    let response = Response::Published { results: results.by_ref().take(n).collect() };
+                    let _ = reply.send(Ok(Committed { log_index, response }));
+                }
             }
+            // Topic not found, or anything else that concerns the command as a whole.
+            other => {
+                for (reply, _) in parts {
+                    let _ = reply.send(Ok(Committed { log_index, response: other.clone() }));
+                }
+            }
+        }
+    }
+
+    fn fail(self, e: &ProposeFailure) {
+        for (reply, _) in self.0 {
+            let _ = reply.send(Err(e.clone()));
+        }
+    }
+}
+
+/// The commands of one entry, in queue order. A publish that follows a publish to the same
+/// topic joins it as one multi-message publish (up to [`PROPOSAL_MERGED_MESSAGES_MAX`]
+/// messages): applied in the same order with the same results, it costs every replica one
+/// command and one batched dedup read instead of one per write. Other writes stay as they are.
+fn pack(batch: Vec<Pending>) -> Vec<(Request, Answers)> {
+    let mut commands: Vec<(Request, Answers)> = Vec::with_capacity(batch.len());
+    for Pending { request, reply } in batch {
+        let request = match (commands.last_mut(), publish_parts(request)) {
+            (Some((last, answers)), Ok(next)) => match merge(last, next) {
+                Ok(joined) => {
+                    answers.0.push((reply, joined));
+                    continue;
+                }
+                Err(next) => next.into_request(),
+            },
+            (None, Ok(next)) => next.into_request(),
+            (_, Err(other)) => other,
+        };
+        let results = match &request {
+            Request::Publish { messages, .. } | Request::PublishGeneratedIds { messages, .. } => messages.len(),
+            _ => 0,
+        };
+        commands.push((request, Answers(vec![(reply, results)])));
+    }
+    commands
+}
+
+/// A publish command taken apart.
+struct PublishParts {
+    topic: String,
+    messages: Vec<NewMessage>,
+    now_ms: u64,
+    ids_generated: bool,
+}
+
+impl PublishParts {
+    fn into_request(self) -> Request {
+        Request::publish(self.topic, self.messages, self.now_ms, self.ids_generated)
+    }
+}
+
+fn publish_parts(request: Request) -> Result<PublishParts, Request> {
+    match request {
+        Request::Publish { topic, messages, now_ms } => {
+            Ok(PublishParts { topic, messages, now_ms, ids_generated: false })
+        }
+        Request::PublishGeneratedIds { topic, messages, now_ms } => {
+            Ok(PublishParts { topic, messages, now_ms, ids_generated: true })
+        }
+        other => Err(other),
+    }
+}
+
+/// Appends `next`'s messages to `last` when both publish to the same topic and the sum stays
+/// within bounds; answers how many messages joined, or gives `next` back. The merged
+/// command keeps the later clock reading and looks ids up unless the leader generated all.
+fn merge(last: &mut Request, next: PublishParts) -> Result<usize, PublishParts> {
+    let (Request::Publish { topic, messages, now_ms } | Request::PublishGeneratedIds { topic, messages, now_ms }) =
+        last
+    else {
+        return Err(next);
+    };
+    if *topic != next.topic || messages.len() + next.messages.len() > PROPOSAL_MERGED_MESSAGES_MAX {
+        return Err(next);
+    }
+    let joined = next.messages.len();
+    messages.extend(next.messages);
+    *now_ms = (*now_ms).max(next.now_ms);
+    if !next.ids_generated {
+        if let Request::PublishGeneratedIds { topic, messages, now_ms } = last {
+            *last =
+                Request::Publish { topic: std::mem::take(topic), messages: std::mem::take(messages), now_ms: *now_ms };
+        }
+    }
+    Ok(joined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft_store::{PublishResult, Retention};
+
+    fn publish(topic: &str, ids: &[&str], now_ms: u64, generated: bool) -> Request {
+        let messages = ids
+            .iter()
+            .map(|id| NewMessage { id: id.to_string(), timestamp: 1, payload: bytes::Bytes::from_static(b"{}") })
+            .collect();
+        Request::publish(topic.into(), messages, now_ms, generated)
+    }
+
+    type Reply = oneshot::Receiver<Result<Committed, ProposeFailure>>;
+
+    fn pending(requests: Vec<Request>) -> (Vec<Pending>, Vec<Reply>) {
+        requests
+            .into_iter()
+            .map(|request| {
+                let (reply, rx) = oneshot::channel();
+                (Pending { request, reply }, rx)
+            })
+            .unzip()
+    }
+
+    fn ids(request: &Request) -> Vec<&str> {
+        match request {
+            Request::Publish { messages, .. } | Request::PublishGeneratedIds { messages, .. } => {
+                messages.iter().map(|m| m.id.as_str()).collect()
+            }
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn publishes_to_one_topic_in_a_row_become_one_command_in_queue_order() {
+        let create =
+            Request::CreateTopic { topic: "b".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
+        let (batch, _replies) = pending(vec![
+            publish("a", &["1"], 10, false),
+            publish("a", &["2", "3"], 12, false),
+            publish("b", &["4"], 11, false),
+            create.clone(),
+            publish("b", &["5"], 13, false),
+            publish("b", &["6"], 14, false),
+        ]);
+        let packed = pack(batch);
+        let commands: Vec<&Request> = packed.iter().map(|(r, _)| r).collect();
+        assert_eq!(commands.len(), 4);
+        assert_eq!(ids(commands[0]), ["1", "2", "3"]);
+        assert!(matches!(commands[0], Request::Publish { now_ms: 12, .. }), "the later clock reading is kept");
+        assert_eq!(ids(commands[1]), ["4"]);
+        assert_eq!(commands[2], &create);
+        assert_eq!(ids(commands[3]), ["5", "6"]);
+        let parts: Vec<Vec<usize>> = packed.iter().map(|(_, a)| a.0.iter().map(|(_, n)| *n).collect()).collect();
+        assert_eq!(parts, vec![vec![1, 2], vec![1], vec![0], vec![1, 1]]);
+    }
+
+    #[test]
+    fn generated_ids_skip_the_lookup_only_when_every_merged_id_was_generated() {
+        let (batch, _r) = pending(vec![publish("a", &["g1"], 1, true), publish("a", &["g2"], 1, true)]);
+        assert!(matches!(pack(batch)[0].0, Request::PublishGeneratedIds { .. }));
+        let (batch, _r) = pending(vec![publish("a", &["g1"], 1, true), publish("a", &["c1"], 1, false)]);
+        assert!(matches!(pack(batch)[0].0, Request::Publish { .. }));
+        let (batch, _r) = pending(vec![publish("a", &["c1"], 1, false), publish("a", &["g1"], 1, true)]);
+        assert!(matches!(pack(batch)[0].0, Request::Publish { .. }));
+    }
+
+    #[test]
+    fn a_merged_command_holds_at_most_a_batch_of_messages() {
+        let big: Vec<String> = (0..PROPOSAL_MERGED_MESSAGES_MAX - 1).map(|i| i.to_string()).collect();
+        let big: Vec<&str> = big.iter().map(String::as_str).collect();
+        let (batch, _r) =
+            pending(vec![publish("a", &big, 1, false), publish("a", &["x"], 1, false), publish("a", &["y"], 1, false)]);
+        let packed = pack(batch);
+        assert_eq!(packed.len(), 2);
+        assert_eq!(ids(&packed[0].0).len(), PROPOSAL_MERGED_MESSAGES_MAX);
+        assert_eq!(ids(&packed[1].0), ["y"]);
+    }
+
+    #[tokio::test]
+    async fn each_merged_write_gets_its_own_results() {
+        let (batch, replies) = pending(vec![publish("a", &["1"], 1, false), publish("a", &["2", "3"], 1, false)]);
+        let (_, answers) = pack(batch).pop().unwrap();
+        let results = vec![
+            PublishResult::Stored { sequence: 7 },
+            PublishResult::Duplicate { existing_sequence: 2 },
+            PublishResult::Stored { sequence: 8 },
+        ];
+        answers.send(40, Response::Published { results: results.clone() });
+        let mut got = Vec::new();
+        for reply in replies {
+            let committed = reply.await.unwrap().unwrap();
+            assert_eq!(committed.log_index, 40);
+            got.push(committed.response);
+        }
+        assert_eq!(
+            got,
+            vec![
+                Response::Published { results: results[..1].to_vec() },
+                Response::Published { results: results[1..].to_vec() }
+            ]
+        );
+
+        let (batch, replies) = pending(vec![publish("gone", &["1"], 1, false), publish("gone", &["2"], 1, false)]);
+        let (_, answers) = pack(batch).pop().unwrap();
+        answers.send(41, Response::TopicNotFound);
+        for reply in replies {
+            assert_eq!(reply.await.unwrap().unwrap().response, Response::TopicNotFound);
         }
     }
 }
