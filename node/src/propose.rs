@@ -5,8 +5,10 @@
 //! one fsync per publish. The proposer queues writes; one task takes everything queued (up to
 //! [`PROPOSAL_REQUESTS_MAX`] writes or [`PROPOSAL_BYTES_MAX`] bytes) and proposes it as a single
 //! [`Request::Batch`] entry, applied exactly as if each write were its own entry, in queue order.
-//! A write that arrives alone is proposed alone, so a lone client pays no extra latency. At most
-//! [`PROPOSALS_IN_FLIGHT_MAX`] entries are in flight; the next batch fills while they commit.
+//! Publishes to one topic that follow each other in the queue are merged into one
+//! multi-message publish first (see [`pack`]). A write that arrives alone is proposed alone, so
+//! a lone client pays no extra latency. At most [`PROPOSALS_IN_FLIGHT_MAX`] entries are in
+//! flight; the next batch fills while they commit.
 
 use std::sync::Arc;
 
