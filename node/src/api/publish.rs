@@ -231,16 +231,8 @@ pub async fn batch(
     let messages: Vec<NewMessage> = incoming.into_iter().map(|m| m.message).collect();
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
-    active(&app, &topic)?;
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
-    let request = Request::publish(topic.clone(), messages, app.now_ms(), ids_generated);
-    let written = app
-        .write(request, &where_)
-        .await
-        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, ids.len() as u64))?;
-    let SmResponse::Published { results } = written.response else {
-        return Err(ApiError::TopicNotFound(topic));
-    };
+    let (results, raft_index) = publish_messages(&app, &topic, messages, ids_generated, &where_).await?;
     let results: Vec<BatchItemOut> = ids
         .iter()
         .zip(results)
@@ -254,8 +246,31 @@ pub async fn batch(
     let stored = results.iter().filter(|r| matches!(r, BatchItemOut::Stored { .. })).count() as u64;
     app.metrics.count_publish(Outcome::Stored, stored);
     app.metrics.count_publish(Outcome::Duplicate, results.len() as u64 - stored);
-    let body = BatchAnswer { topic: &topic, results, raft_index: written.log_index, committed: true };
+    let body = BatchAnswer { topic: &topic, results, raft_index, committed: true };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Proposes `messages` as one publish to an active `topic` and waits for its commit; answers one result
+/// per message, in order, and the index of the log entry that carried them. `where_` is the
+/// path a redirect to the leader names. Shared by the batch endpoint and the publishing
+/// WebSocket's groups of frames.
+pub(super) async fn publish_messages(
+    app: &SharedApp,
+    topic: &str,
+    messages: Vec<NewMessage>,
+    ids_generated: bool,
+    where_: &str,
+) -> Result<(Vec<PublishResult>, u64), ApiError> {
+    active(app, topic)?;
+    let count = messages.len();
+    let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
+    let written =
+        app.write(request, where_).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
+    match written.response {
+        SmResponse::Published { results } if results.len() == count => Ok((results, written.log_index)),
+        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
+        other => Err(ApiError::internal(format!("a publish of {count} messages was applied as {other:?}"))),
+    }
 }
 
 /// The answer to a batch publish, serialized straight from these fields: a thousand small

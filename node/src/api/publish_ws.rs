@@ -17,14 +17,14 @@ use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
+use raft_store::PublishResult;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::input;
-use super::publish::{new_message_from, present, Incoming, MessageFields};
+use super::publish::{new_message_from, present, publish_messages, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
@@ -214,7 +214,8 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
     if messages.is_empty() {
         return answers;
     }
-    match publish_messages(app, topic, messages, ids_generated).await {
+    let where_ = format!("/topics/{topic}/publish");
+    match publish_messages(app, topic, messages, ids_generated, &where_).await {
         Ok((results, raft_index)) => {
             for (a, result) in accepted.iter().zip(results) {
                 let reference = a.reference.as_deref();
@@ -243,28 +244,4 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
         }
     }
     answers
-}
-
-/// Proposes `messages` as one publish; answers one result per message, in order, and the
-/// log index of the entry that carried them.
-async fn publish_messages(
-    app: &SharedApp,
-    topic: &str,
-    messages: Vec<NewMessage>,
-    ids_generated: bool,
-) -> Result<(Vec<PublishResult>, u64), ApiError> {
-    active(app, topic)?;
-    // No duplicate lookup before proposing: apply finds a duplicate and answers with its
-    // sequence, as it would for one proposed concurrently.
-    let count = messages.len();
-    let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
-    let written = app
-        .write(request, &format!("/topics/{topic}/publish"))
-        .await
-        .inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
-    match written.response {
-        SmResponse::Published { results } if results.len() == count => Ok((results, written.log_index)),
-        SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
-        other => Err(ApiError::internal(format!("a publish of {count} was applied as {other:?}"))),
-    }
 }
