@@ -192,22 +192,25 @@ impl Answers {
 fn pack(batch: Vec<Pending>) -> Vec<(Request, Answers)> {
     let mut commands: Vec<(Request, Answers)> = Vec::with_capacity(batch.len());
     for Pending { request, reply } in batch {
-        let request = match (commands.last_mut(), publish_parts(request)) {
-            (Some((last, answers)), Ok(next)) => match merge(last, next) {
+        let next = match publish_parts(request) {
+            Ok(next) => next,
+            Err(other) => {
+                commands.push((other, Answers(vec![(reply, 0)])));
+                continue;
+            }
+        };
+        let next = match commands.last_mut() {
+            Some((last, answers)) => match merge(last, next) {
                 Ok(joined) => {
                     answers.0.push((reply, joined));
                     continue;
                 }
-                Err(next) => next.into_request(),
+                Err(next) => next,
             },
-            (None, Ok(next)) => next.into_request(),
-            (_, Err(other)) => other,
+            None => next,
         };
-        let results = match &request {
-            Request::Publish { messages, .. } | Request::PublishGeneratedIds { messages, .. } => messages.len(),
-            _ => 0,
-        };
-        commands.push((request, Answers(vec![(reply, results)])));
+        let results = next.messages.len();
+        commands.push((next.into_request(), Answers(vec![(reply, results)])));
     }
     commands
 }
