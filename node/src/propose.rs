@@ -114,16 +114,12 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
             one.reply.send(result.map(|r| Committed { log_index: r.log_id.index, response: r.data }).map_err(failure));
         return;
     }
-    let (mut requests, answers): (Vec<Request>, Vec<Answers>) = pack(batch).into_iter().unzip();
+    let (requests, answers): (Vec<Request>, Vec<Answers>) = pack(batch).into_iter().unzip();
     let count = requests.len();
     // Concurrent publishes to one topic often pack into a single command: no Batch around it.
-    let request = match requests.pop() {
-        Some(only) if count == 1 => only,
-        Some(last) => {
-            requests.push(last);
-            Request::Batch(requests)
-        }
-        None => return,
+    let request = match <[Request; 1]>::try_from(requests) {
+        Ok([only]) => only,
+        Err(requests) => Request::Batch(requests),
     };
     match raft.client_write(request).await {
         Ok(written) => {
@@ -190,29 +186,41 @@ impl Answers {
 /// messages): applied in the same order with the same results, it costs every replica one
 /// command and one batched dedup read instead of one per write. Other writes stay as they are.
 fn pack(batch: Vec<Pending>) -> Vec<(Request, Answers)> {
-    let mut commands: Vec<(Request, Answers)> = Vec::with_capacity(batch.len());
+    let mut commands: Vec<(Command, Answers)> = Vec::with_capacity(batch.len());
     for Pending { request, reply } in batch {
         let next = match publish_parts(request) {
             Ok(next) => next,
             Err(other) => {
-                commands.push((other, Answers(vec![(reply, 0)])));
+                commands.push((Command::Other(other), Answers(vec![(reply, 0)])));
                 continue;
             }
         };
-        let next = match commands.last_mut() {
-            Some((last, answers)) => match merge(last, next) {
-                Ok(joined) => {
-                    answers.0.push((reply, joined));
-                    continue;
-                }
-                Err(next) => next,
-            },
-            None => next,
-        };
         let results = next.messages.len();
-        commands.push((next.into_request(), Answers(vec![(reply, results)])));
+        if let Some((Command::Publish(last), answers)) = commands.last_mut() {
+            if last.topic == next.topic && last.messages.len() + results <= PROPOSAL_MERGED_MESSAGES_MAX {
+                last.absorb(next);
+                answers.0.push((reply, results));
+                continue;
+            }
+        }
+        commands.push((Command::Publish(next), Answers(vec![(reply, results)])));
     }
-    commands
+    commands.into_iter().map(|(command, answers)| (command.into_request(), answers)).collect()
+}
+
+/// A command of an entry being packed: publishes stay taken apart until nothing more can join.
+enum Command {
+    Publish(PublishParts),
+    Other(Request),
+}
+
+impl Command {
+    fn into_request(self) -> Request {
+        match self {
+            Command::Publish(p) => Request::publish(p.topic, p.messages, p.now_ms, p.ids_generated),
+            Command::Other(request) => request,
+        }
+    }
 }
 
 /// A publish command taken apart.
@@ -224,8 +232,12 @@ struct PublishParts {
 }
 
 impl PublishParts {
-    fn into_request(self) -> Request {
-        Request::publish(self.topic, self.messages, self.now_ms, self.ids_generated)
+    /// Appends `next`'s messages. The merged command keeps the later clock reading, and looks
+    /// ids up unless the leader generated all of them.
+    fn absorb(&mut self, next: PublishParts) {
+        self.messages.extend(next.messages);
+        self.now_ms = self.now_ms.max(next.now_ms);
+        self.ids_generated &= next.ids_generated;
     }
 }
 
@@ -239,30 +251,6 @@ fn publish_parts(request: Request) -> Result<PublishParts, Request> {
         }
         other => Err(other),
     }
-}
-
-/// Appends `next`'s messages to `last` when both publish to the same topic and the sum stays
-/// within bounds; answers how many messages joined, or gives `next` back. The merged
-/// command keeps the later clock reading and looks ids up unless the leader generated all.
-fn merge(last: &mut Request, next: PublishParts) -> Result<usize, PublishParts> {
-    let (Request::Publish { topic, messages, now_ms } | Request::PublishGeneratedIds { topic, messages, now_ms }) =
-        last
-    else {
-        return Err(next);
-    };
-    if *topic != next.topic || messages.len() + next.messages.len() > PROPOSAL_MERGED_MESSAGES_MAX {
-        return Err(next);
-    }
-    let joined = next.messages.len();
-    messages.extend(next.messages);
-    *now_ms = (*now_ms).max(next.now_ms);
-    if !next.ids_generated {
-        if let Request::PublishGeneratedIds { topic, messages, now_ms } = last {
-            *last =
-                Request::Publish { topic: std::mem::take(topic), messages: std::mem::take(messages), now_ms: *now_ms };
-        }
-    }
-    Ok(joined)
 }
 
 #[cfg(test)]

@@ -243,17 +243,14 @@ pub async fn batch(
             }
         })
         .collect();
-    let stored = results.iter().filter(|r| matches!(r, BatchItemOut::Stored { .. })).count() as u64;
-    app.metrics.count_publish(Outcome::Stored, stored);
-    app.metrics.count_publish(Outcome::Duplicate, results.len() as u64 - stored);
     let body = BatchAnswer { topic: &topic, results, raft_index, committed: true };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// Proposes `messages` as one publish to an active `topic` and waits for its commit; answers one result
-/// per message, in order, and the index of the log entry that carried them. `where_` is the
-/// path a redirect to the leader names. Shared by the batch endpoint and the publishing
-/// WebSocket's groups of frames.
+/// Proposes `messages` as one publish to an active `topic` and waits for its commit; answers
+/// one result per message, in order, and the index of the log entry that carried them, and
+/// counts the outcomes in the metrics. `where_` is the path a redirect to the leader names.
+/// Shared by the batch endpoint and the publishing WebSocket's groups of frames.
 pub(super) async fn publish_messages(
     app: &SharedApp,
     topic: &str,
@@ -267,7 +264,12 @@ pub(super) async fn publish_messages(
     let written =
         app.write(request, where_).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
     match written.response {
-        SmResponse::Published { results } if results.len() == count => Ok((results, written.log_index)),
+        SmResponse::Published { results } if results.len() == count => {
+            let stored = results.iter().filter(|r| matches!(r, PublishResult::Stored { .. })).count() as u64;
+            app.metrics.count_publish(Outcome::Stored, stored);
+            app.metrics.count_publish(Outcome::Duplicate, count as u64 - stored);
+            Ok((results, written.log_index))
+        }
         SmResponse::TopicNotFound => Err(ApiError::TopicNotFound(topic.to_string())),
         other => Err(ApiError::internal(format!("a publish of {count} messages was applied as {other:?}"))),
     }

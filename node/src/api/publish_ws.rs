@@ -32,7 +32,6 @@ use crate::limits::{
     PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX,
     PUBLISH_WS_INFLIGHT_MAX,
 };
-use crate::metrics::Outcome;
 
 #[derive(Deserialize)]
 struct PublishFrame {
@@ -221,13 +220,11 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
                 let reference = a.reference.as_deref();
                 answers[a.at] = match result {
                     PublishResult::Stored { sequence } => {
-                        app.metrics.count_publish(Outcome::Stored, 1);
                         let ack = AckFrame { kind: "ack", reference, id: &a.id, sequence, raft_index };
                         // Strings and integers only: serializing cannot fail.
                         serde_json::to_string(&ack).unwrap_or_default()
                     }
                     PublishResult::Duplicate { existing_sequence } => {
-                        app.metrics.count_publish(Outcome::Duplicate, 1);
                         let e = ApiError::DuplicateMessageId {
                             id: a.id.clone(),
                             existing_sequence: Some(existing_sequence),
