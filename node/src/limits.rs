@@ -34,8 +34,10 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 /// and writes waiting for the proposer (see `propose.rs`). One entry in flight measured best
 /// (3 nodes on 2 cores, 256 B publishes, side by side): C=64 13.3–13.6k msgs/s with 1,
 /// 12.2–14.9k with 2, 11.0–11.6k with 4; WebSocket 4×64: 29–35k, 29–31k, 24–28k. Each entry
-/// costs a serial fsync on the leader and a round trip to the followers, so fewer, larger
-/// entries win.
+/// costs every node an fsync and the followers a round trip, so fewer, larger entries win.
+/// Measured again once the leader stopped waiting for its own fsync before replicating
+/// (vendor/openraft): HTTP C=64 18.5–19.5k with 1 against 17.6–17.8k with 2, but WebSocket
+/// 1×64 30k against 36–37k; one stays.
 pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;

@@ -1,8 +1,8 @@
 //! The leader's proposer: concurrent writes become one Raft entry.
 //!
-//! openraft 0.9 appends each proposed entry on its own and waits for that append's fsync
-//! before it takes the next one, so proposing every publish as its own entry caps a leader at
-//! one fsync per publish. The proposer queues writes; one task takes everything queued (up to
+//! Every Raft entry costs each node a log write, an fsync, a round trip and an apply, so
+//! proposing every publish as its own entry would pay all of that per publish. The proposer
+//! queues writes; one task takes everything queued (up to
 //! [`PROPOSAL_REQUESTS_MAX`] writes or [`PROPOSAL_BYTES_MAX`] bytes) and proposes it as a single
 //! [`Request::Batch`] entry, applied exactly as if each write were its own entry, in queue order.
 //! Publishes to one topic that follow each other in the queue are merged into one
