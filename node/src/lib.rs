@@ -66,6 +66,7 @@ where
 {
     let store = raft_store::open_with(&config.data_dir, config.io_mode)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
+    store.log_store.set_node_id(config.id);
     let committed_index = store.log_store.committed_index();
     let store_closed = store.closed;
     let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)

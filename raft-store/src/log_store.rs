@@ -4,13 +4,14 @@
 //! readable at once and replication to followers can start), then hands the flush callback
 //! to the syncer thread. The syncer takes every callback queued so far, fsyncs the WAL once,
 //! and only then tells openraft the entries are durable. Many appends therefore share one
-//! fsync, and no entry is reported durable before it is.
+//! fsync, and no entry is reported durable before it is. A follower's appends are fsynced
+//! before `append` returns instead (see [`LogStore::set_node_id`]).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -21,7 +22,7 @@ use crate::error::{read_err, write_err};
 use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
 use crate::limits::{RECENT_ENTRIES_BYTES_MAX, REPLICATION_READ_BYTES_MAX};
 use crate::recent::RecentEntries;
-use crate::typ::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::typ::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
 /// Where the store's slow I/O runs. Both modes fsync a log entry before openraft is told it
@@ -49,6 +50,9 @@ pub struct LogStore {
     committed_index: Arc<AtomicU64>,
     /// The newest entries, decoded: what replication and apply read right after an append.
     recent: Arc<Mutex<RecentEntries>>,
+    /// This node's id, once the node has said it ([`LogStore::set_node_id`]): tells its own
+    /// entries (it leads) from a leader's it follows.
+    node_id: Arc<OnceLock<NodeId>>,
 }
 
 impl LogStore {
@@ -69,11 +73,27 @@ impl LogStore {
             syncer,
             committed_index: Arc::new(AtomicU64::new(0)),
             recent: Arc::new(Mutex::new(RecentEntries::new(RECENT_ENTRIES_BYTES_MAX))),
+            node_id: Arc::new(OnceLock::new()),
         };
         if let Some(committed) = store.read_committed_sync()? {
             store.committed_index.store(committed.index, Ordering::Relaxed);
         }
         Ok(store)
+    }
+
+    /// Names this node, for every clone. Until it is named, every append goes to the syncer
+    /// thread; once it is, a follower's appends (entries of another node's leadership) are
+    /// fsynced inline. A follower's Raft core waits for each append's flush before it answers
+    /// the leader, so its appends never share an fsync, and the hand-off to the syncer thread
+    /// and back cost two thread wake-ups on the commit path. The leader's own appends still
+    /// go to the syncer: they group-commit while the entries are already replicating.
+    pub fn set_node_id(&self, id: NodeId) {
+        let _ = self.node_id.set(id);
+    }
+
+    /// True when `entry` belongs to another node's leadership: this node follows it.
+    fn follows(&self, entry: &Entry) -> bool {
+        self.node_id.get().is_some_and(|me| entry.log_id.leader_id.node_id != *me)
     }
 
     /// Highest committed log index known to this node.
@@ -254,7 +274,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// # Correctness
     /// Entries are readable when this returns; `callback` fires only after the WAL holding
-    /// them is fsynced (by the syncer thread, shared with other appends).
+    /// them is fsynced: by the syncer thread, shared with other appends, or before this
+    /// returns (a follower's appends, and [`IoMode::Inline`]).
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
@@ -268,7 +289,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(log, log_key(entry.log_id.index), &bytes);
             appended.push((entry, bytes.len()));
         }
-        match &self.syncer {
+        let follower = appended.first().is_some_and(|(entry, _)| self.follows(entry));
+        match self.syncer.as_ref().filter(|_| !follower) {
             Some(syncer) => {
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
                 self.recent().appended(appended);
