@@ -58,7 +58,10 @@ where C: RaftTypeConfig
         crate::raft::InstallSnapshotResponse<C::NodeId>,
         RPCError<C::NodeId, C::Node, RaftError<C::NodeId, crate::error::InstallSnapshotError>>,
     > {
-        unimplemented!()
+        // PATCHED (pubsub-raft): an error instead of a panic.
+        Err(RPCError::Unreachable(crate::error::Unreachable::new(&anyerror::AnyError::error(
+            "install_snapshot is not used with generic-snapshot-data; send full_snapshot()",
+        ))))
     }
 
     /// Send an InstallSnapshot RPC to the target.

@@ -472,6 +472,12 @@ mod tests {
     use crate::StoredMembership;
     use crate::Vote;
 
+    /// PATCHED (pubsub-raft): what the test networks' unused methods answer, instead of
+    /// panicking; these tests send snapshot chunks only.
+    fn not_used() -> Unreachable {
+        Unreachable::new(&AnyError::error("not used by this test"))
+    }
+
     struct Network {
         received_offset: Vec<u64>,
         match_cnt: u64,
@@ -485,7 +491,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -493,7 +499,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -503,7 +509,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -589,7 +595,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -597,7 +603,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -607,7 +613,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -710,7 +716,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -718,7 +724,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -728,7 +734,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -789,7 +795,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -797,7 +803,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -807,7 +813,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -866,7 +872,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -874,7 +880,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -884,7 +890,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -952,7 +958,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -960,7 +966,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -970,7 +976,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         fn backoff(&self) -> Backoff {
@@ -1053,7 +1059,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -1061,7 +1067,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -1071,7 +1077,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn install_snapshot(
@@ -1160,7 +1166,7 @@ mod tests {
             _rpc: AppendEntriesRequest<C>,
             _option: RPCOption,
         ) -> Result<AppendEntriesResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn vote(
@@ -1168,7 +1174,7 @@ mod tests {
             _rpc: VoteRequest<C::NodeId>,
             _option: RPCOption,
         ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         async fn full_snapshot(
@@ -1178,7 +1184,7 @@ mod tests {
             _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
             _option: RPCOption,
         ) -> Result<SnapshotResponse<C::NodeId>, StreamingError<C, Fatal<C::NodeId>>> {
-            unimplemented!()
+            Err(not_used().into())
         }
 
         fn backoff(&self) -> Backoff {
