@@ -289,7 +289,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(log, log_key(entry.log_id.index), &bytes);
             appended.push((entry, bytes.len()));
         }
-        let follower = appended.first().is_some_and(|(entry, _)| self.follows(entry));
+        // A leader appends only entries of its own term; a follower catching up may also get
+        // entries of this node's earlier leadership, but its newest one is another leader's.
+        // Either path fsyncs before the callback: the choice only decides which thread waits.
+        let follower = appended.last().is_some_and(|(entry, _)| self.follows(entry));
         match self.syncer.as_ref().filter(|_| !follower) {
             Some(syncer) => {
                 self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
