@@ -19,11 +19,11 @@ fn entry(index: u64, request: Request) -> Entry {
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
-/// `n` messages with random UUIDs for ids, as clients generate them (the Rust client gives
-/// every message one so that retries are safe); `ids_generated` says the leader made them.
+/// `n` messages with UUIDs for ids: time-ordered v7 as the Rust client gives every message
+/// (so that retries are safe), or random v4 as the leader generates when `ids_generated`.
 fn publish(n: usize, ids_generated: bool) -> Request {
-    let messages =
-        (0..n).map(|_| NewMessage { id: uuid::Uuid::new_v4().to_string(), timestamp: 1, payload: payload() }).collect();
+    let id = || if ids_generated { uuid::Uuid::new_v4() } else { uuid::Uuid::now_v7() }.to_string();
+    let messages = (0..n).map(|_| NewMessage { id: id(), timestamp: 1, payload: payload() }).collect();
     Request::publish("bench".into(), messages, 1, ids_generated)
 }
 

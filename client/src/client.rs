@@ -536,9 +536,10 @@ impl Client {
     }
 }
 
-/// Gives the message an id if it has none, checks its length and returns it.
+/// Gives the message an id if it has none (a time-ordered UUID v7, see [`NewMessage::id`]),
+/// checks its length and returns it.
 pub(crate) fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
-    let id = message.id.get_or_insert_with(|| uuid::Uuid::new_v4().to_string()).clone();
+    let id = message.id.get_or_insert_with(|| uuid::Uuid::now_v7().to_string()).clone();
     if id.is_empty() || id.chars().count() > limits::MESSAGE_ID_CHARS_MAX {
         return Err(Error::InvalidArgument(format!(
             "a message id has 1 to {} characters",

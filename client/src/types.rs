@@ -128,8 +128,11 @@ impl AckMode {
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewMessage {
-    /// Dedup id. When `None` the client generates a UUID v4 before the first attempt, so
-    /// every retry carries the same id and a retry can never publish twice.
+    /// Dedup id. When `None` the client generates a UUID v7 before the first attempt, so
+    /// every retry carries the same id and a retry can never publish twice. Time-ordered
+    /// rather than random (v4): every node inserts each id into its dedup index, and ids that
+    /// arrive in order land next to the previous insert instead of anywhere in RocksDB's
+    /// memtable (batch publish +30–60 % and a third less node CPU, docs/BENCHMARKS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Any JSON value, at most 1 MiB as compact JSON.
