@@ -37,7 +37,8 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 /// costs every node an fsync and the followers a round trip, so fewer, larger entries win.
 /// Measured again once the leader stopped waiting for its own fsync before replicating
 /// (vendor/openraft): HTTP C=64 18.5–19.5k with 1 against 17.6–17.8k with 2, but WebSocket
-/// 1×64 30k against 36–37k; one stays.
+/// 1×64 30k against 36–37k; and with ids in time order HTTP C=16 10.0–12.3k with 1 against
+/// 9.8–10.7k with 2 (docs/BENCHMARKS.md); one stays.
 pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
