@@ -113,20 +113,22 @@ impl LogStateReader<u64> for LogState {
         self.last.as_ref()
     }
 
+    // PATCHED (pubsub-raft): answers instead of `todo!()`/`unimplemented!()` stubs. The fake
+    // tracks no commit or apply; its snapshot and purge are already "on disk".
     fn committed(&self) -> Option<&LogId<u64>> {
-        unimplemented!("testing")
+        None
     }
 
     fn io_applied(&self) -> Option<&LogId<u64>> {
-        todo!()
+        None
     }
 
     fn io_snapshot_last_log_id(&self) -> Option<&LogId<u64>> {
-        todo!()
+        self.snap_last.as_ref()
     }
 
     fn io_purged(&self) -> Option<&LogId<u64>> {
-        todo!()
+        self.purged.as_ref()
     }
 
     fn snapshot_last_log_id(&self) -> Option<&LogId<u64>> {
