@@ -89,6 +89,7 @@ use crate::storage::RaftLogReaderExt;
 use crate::storage::RaftLogStorage;
 use crate::storage::RaftStateMachine;
 use crate::type_config::alias::InstantOf;
+use crate::type_config::alias::OneshotReceiverOf;
 use crate::type_config::alias::ResponderOf;
 use crate::type_config::TypeConfigExt;
 use crate::AsyncRuntime;
@@ -718,16 +719,28 @@ where
     {
         tracing::debug!("append_to_log");
 
-        let (tx, rx) = C::AsyncRuntime::oneshot();
-        let log_io_id = LogIOId::new(vote, Some(last_log_id));
-
-        let callback = LogFlushed::new(log_io_id, tx);
-
-        self.log_store.append(entries, callback).await?;
-        rx.await
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
+        let flushed = self.submit_to_log(entries, vote, last_log_id).await?;
+        log_flush_result(flushed.await)?;
         Ok(())
+    }
+
+    /// PATCHED (pubsub-raft): the part of `append_to_log` that `append_to_log_in_background`
+    /// shares: hands `entries` to the log store, which returns once they are readable, and
+    /// returns the receiver of its flush callback.
+    async fn submit_to_log<I>(
+        &mut self,
+        entries: I,
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+    ) -> Result<OneshotReceiverOf<C, Result<LogIOId<C::NodeId>, std::io::Error>>, StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let callback = LogFlushed::new(LogIOId::new(vote, Some(last_log_id)), tx);
+        self.log_store.append(entries, callback).await?;
+        Ok(rx)
     }
 
     /// PATCHED (pubsub-raft): submits a leader's own entries to the log store and returns
@@ -743,19 +756,13 @@ where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let (tx, rx) = C::AsyncRuntime::oneshot();
-        let callback = LogFlushed::new(LogIOId::new(vote.clone(), Some(last_log_id.clone())), tx);
-        self.log_store.append(entries, callback).await?;
+        let flushed = self.submit_to_log(entries, vote.clone(), last_log_id.clone()).await?;
 
         let tx_notify = self.tx_notify.clone();
         // False positive lint warning(`non-binding `let` on a future`): https://github.com/rust-lang/rust-clippy/issues/9932
         #[allow(clippy::let_underscore_future)]
         let _ = C::spawn(async move {
-            let result = match rx.await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(StorageIOError::write_logs(AnyError::error(e))),
-                Err(e) => Err(StorageIOError::write_logs(AnyError::error(e))),
-            };
+            let result = log_flush_result(flushed.await);
             let _ = tx_notify.send(Notify::LocalLogFlushed {
                 vote,
                 last_log_id,
@@ -1796,4 +1803,19 @@ where
 
         Ok(None)
     }
+}
+
+/// PATCHED (pubsub-raft): what a log flush callback reported (the callback dropped, or the
+/// flush failed), as the storage error `RaftCore` returns for it.
+fn log_flush_result<NID, T, E>(
+    received: Result<Result<T, std::io::Error>, E>,
+) -> Result<(), StorageIOError<NID>>
+where
+    NID: NodeId,
+    E: Display,
+{
+    received
+        .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
+        .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
+    Ok(())
 }
