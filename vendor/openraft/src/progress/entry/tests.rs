@@ -113,7 +113,7 @@ impl LogStateReader<u64> for LogState {
         self.last.as_ref()
     }
 
-    // PATCHED (pubsub-raft): answers instead of `todo!()`/`unimplemented!()` stubs. The fake
+    // PATCHED (pubsub-raft): answers instead of stubs that panicked. The fake
     // tracks no commit or apply; its snapshot and purge are already "on disk".
     fn committed(&self) -> Option<&LogId<u64>> {
         None
