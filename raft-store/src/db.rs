@@ -4,7 +4,7 @@ use std::path::Path;
 
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
-use crate::keys::{ALL_CFS, CF_DEDUP, CF_LOG};
+use crate::keys::{ALL_CFS, CF_DEDUP, CF_LOG, SM_CFS};
 use crate::StoreError;
 
 /// Memory for all memtables together: bounds the node's write buffering whatever the number
@@ -34,6 +34,9 @@ pub fn open(path: &Path) -> Result<DB, StoreError> {
     // open: a torn tail write is expected after power loss, and anything after it was never
     // acknowledged (it was not fsynced).
     db_opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
+    // State machine writes skip the WAL (`unlogged`): flushing every column family at one
+    // point keeps what survives a crash a consistent prefix of applies across them.
+    db_opts.set_atomic_flush(true);
 
     let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     let cfs = ALL_CFS.iter().map(|name| {
@@ -65,11 +68,30 @@ pub fn synced() -> WriteOptions {
 
 /// A write that reaches RocksDB's WAL in the OS page cache but is not fsynced: used where a
 /// later fsync covers it (log appends, see `log_store`) or where losing it is repaired on
-/// restart (state machine writes are re-applied from the fsynced log).
+/// restart (a purge is redone, a snapshot install is redone from its marker).
 pub fn unsynced() -> WriteOptions {
     let mut opts = WriteOptions::default();
     opts.set_sync(false);
     opts
+}
+
+/// A write that skips the WAL: it reaches disk only when its memtable is flushed. Used for
+/// state machine applies, which openraft redoes from the fsynced log after a crash; with
+/// atomic flush the state that survives is the one after some earlier apply, whole.
+pub fn unlogged() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.disable_wal(true);
+    opts
+}
+
+/// Flushes the state machine's column families (atomically, see `open`) and waits: every
+/// apply made before the call is then on disk, so log entries it covers may be purged.
+pub fn flush_state_machine(db: &DB) -> Result<(), StoreError> {
+    let cfs = SM_CFS.iter().map(|name| cf(db, name)).collect::<Result<Vec<_>, _>>()?;
+    let mut opts = rocksdb::FlushOptions::default();
+    opts.set_wait(true);
+    db.flush_cfs_opt(&cfs, &opts)?;
+    Ok(())
 }
 
 pub fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, StoreError> {

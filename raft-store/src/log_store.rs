@@ -327,7 +327,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// # Correctness
     /// `last_purged` and the deletion are one atomic batch. Not fsynced: purged entries are
-    /// covered by the state machine, and a purge lost in a crash is simply redone.
+    /// covered by the state machine (on disk: a snapshot is built only after flushing it, and
+    /// openraft purges only entries a snapshot covers), and a purge lost in a crash is
+    /// simply redone.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;

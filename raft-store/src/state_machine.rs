@@ -16,7 +16,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 
 use crate::command::{Response, TopicRecord};
-use crate::db::{cf, unsynced};
+use crate::db::{cf, flush_state_machine, unlogged};
 use crate::error::{read_err, sm_write_err};
 use crate::feeds::Feeds;
 use crate::keys::{
@@ -156,7 +156,7 @@ impl StateMachine {
             batch.batch.put_cf(meta, MEMBERSHIP, encode(&self.membership)?);
         }
         batch.batch.put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
-        self.db.write_opt(batch.batch, &unsynced())?;
+        self.db.write_opt(batch.batch, &unlogged())?;
 
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {
@@ -332,6 +332,10 @@ impl SnapshotFiles {
     fn build(&self) -> Result<SnapshotMeta, StoreError> {
         let part = self.dir.join(format!("build-{}.part", unique_suffix()));
         let (last_log_id, last_membership) = snapshot::write(&self.db, &part)?;
+        // Applies skip the WAL: once this snapshot exists openraft purges the log entries it
+        // covers, so the state they built must be on disk first. The flush covers every apply
+        // made before it, which includes everything the snapshot read.
+        flush_state_machine(&self.db)?;
         let snapshot_id = match &last_log_id {
             Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, unique_suffix()),
             None => format!("empty-{}", unique_suffix()),

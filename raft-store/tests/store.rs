@@ -134,8 +134,12 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
     assert_eq!(dump(&reopened.reader), dump(&leader.reader));
 }
 
+/// Entries the crash child builds a snapshot after.
+const CRASH_CHILD_SNAPSHOT_AT: u64 = 150;
+
 /// Run as a child process by `a_crash_mid_write_leaves_a_consistent_store`: appends and
-/// applies one publish per entry forever, printing each index once its append is durable.
+/// applies one publish per entry forever, printing each index once its append is durable,
+/// and builds one snapshot on the way (printing the index it covers).
 #[tokio::test]
 async fn crash_child_writer() {
     let Ok(dir) = std::env::var("STORE_CRASH_CHILD_DIR") else {
@@ -150,6 +154,10 @@ async fn crash_child_writer() {
         store.log_store.blocking_append([e.clone()]).await.unwrap();
         println!("durable {index}");
         store.state_machine.apply([e]).await.unwrap();
+        if index == CRASH_CHILD_SNAPSHOT_AT {
+            let snapshot = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            println!("snapshot {}", snapshot.meta.last_log_id.unwrap().index);
+        }
     }
 }
 
@@ -162,17 +170,20 @@ fn a_crash_mid_write_leaves_a_consistent_store() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut durable = 0u64;
+    let (mut durable, mut snapshot) = (0u64, None);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     while durable < 300 {
         let Some(Ok(line)) = lines.next() else { break };
         if let Some(n) = line.strip_prefix("durable ") {
             durable = n.parse().unwrap();
+        } else if let Some(n) = line.strip_prefix("snapshot ") {
+            snapshot = Some(n.parse::<u64>().unwrap());
         }
     }
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(durable >= 300, "the child wrote too little before the kill");
+    let snapshot = snapshot.expect("the child built its snapshot");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -180,11 +191,18 @@ fn a_crash_mid_write_leaves_a_consistent_store() {
         // Every append reported durable is in the log.
         let log = store.log_store.get_log_reader().await.try_get_log_entries(1..=durable).await.unwrap();
         assert_eq!(log.len() as u64, durable);
-        // The state machine is exactly a prefix of the log: its last_applied matches its data.
+        // The state machine is a prefix of the log (applies skip the WAL, so a crash may take
+        // the newest back), never older than the snapshot, which openraft may purge up to.
         let (applied, _) = store.state_machine.applied_state().await.unwrap();
         let applied = applied.map(|l| l.index).unwrap_or(0);
+        assert!(applied >= snapshot, "applied {applied} is behind the snapshot at {snapshot}");
         let topic = store.reader.topic("t").expect("topic t");
         assert_eq!(topic.current_sequence, applied - 1, "one message per entry after the create");
+        // What openraft does on start: apply the durable entries after last_applied again.
+        let redo: Vec<Entry> = log.into_iter().filter(|e| e.log_id.index > applied).collect();
+        store.state_machine.apply(redo).await.unwrap();
+        let topic = store.reader.topic("t").expect("topic t");
+        assert_eq!(topic.current_sequence, durable - 1, "every durable publish is stored once");
         let messages = store.reader.read_messages(topic.id, 0, 1000).unwrap();
         let expected: Vec<u64> = (1..=topic.current_sequence.min(1000)).collect();
         assert_eq!(messages.iter().map(|(s, _)| *s).collect::<Vec<_>>(), expected);
