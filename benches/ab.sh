@@ -13,29 +13,17 @@ set -euo pipefail
 [ $# -ge 4 ] && [ "$4" = "--" ] || { sed -n '2,11p' "$0"; exit 2; }
 LABEL=$1 NODE=$2 GEN=$3
 shift 4
-WORK=$(mktemp -d)
-peers="1=127.0.0.1:19081,2=127.0.0.1:19082,3=127.0.0.1:19083"
-pids=()
-for i in 1 2 3; do
-    # shellcheck disable=SC2086 # NODE_ENV is a command prefix
-    ${NODE_ENV:-} "$NODE" --id "$i" --listen "127.0.0.1:1908$i" --peers "$peers" --data-dir "$WORK/n$i" \
-        >"$WORK/n$i.log" 2>&1 &
-    pids+=($!)
-done
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 300); do
-    curl -sf localhost:19081/cluster | grep -q '"leader_id":"node-' && break
-    sleep 0.1
-done
-servers=(-s http://127.0.0.1:19081 -s http://127.0.0.1:19082 -s http://127.0.0.1:19083)
-"$GEN" "${servers[@]}" --json topics create bench >/dev/null
-cpu() { for p in "${pids[@]}"; do awk '{printf "%.2f ", ($14 + $15) / 100}' "/proc/$p/stat"; done; }
+# shellcheck source=benches/local_cluster.sh
+source "$(dirname "$0")/local_cluster.sh"
+cluster_start "$NODE"
+"$GEN" "${CLUSTER_SERVERS[@]}" --json topics create bench >/dev/null
+cpu() { for p in "${CLUSTER_PIDS[@]}"; do awk '{printf "%.2f ", ($14 + $15) / 100}' "/proc/$p/stat"; done; }
 before=$(cpu)
 TIMEFORMAT='%U %S'
-{ time "$GEN" "${servers[@]}" --json bench --topic bench "$@" >"$WORK/out" 2>/dev/null; } 2>"$WORK/gen_cpu"
+{ time "$GEN" "${CLUSTER_SERVERS[@]}" --json bench --topic bench "$@" >"$CLUSTER_DIR/out" 2>/dev/null; } 2>"$CLUSTER_DIR/gen_cpu"
 after=$(cpu)
-rss=$(for p in "${pids[@]}"; do awk '/VmRSS/ {printf "%d ", $2 / 1024}' "/proc/$p/status"; done)
-python3 - "$LABEL" "$(tail -1 "$WORK/out")" "$before" "$after" "$(cat "$WORK/gen_cpu")" "$rss" <<'PY'
+rss=$(for p in "${CLUSTER_PIDS[@]}"; do awk '/VmRSS/ {printf "%d ", $2 / 1024}' "/proc/$p/status"; done)
+python3 - "$LABEL" "$(tail -1 "$CLUSTER_DIR/out")" "$before" "$after" "$(cat "$CLUSTER_DIR/gen_cpu")" "$rss" <<'PY'
 import json, sys
 label, line, before, after, gen, rss = sys.argv[1:]
 report = json.loads(line)
