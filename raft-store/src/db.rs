@@ -68,7 +68,8 @@ pub fn synced() -> WriteOptions {
 
 /// A write that reaches RocksDB's WAL in the OS page cache but is not fsynced: used where a
 /// later fsync covers it (log appends, see `log_store`) or where losing it is repaired on
-/// restart (a purge is redone, a snapshot install is redone from its marker).
+/// restart (a purge is redone, a snapshot install is redone from its marker, a lost
+/// `committed` is learned again from the leader).
 pub fn unsynced() -> WriteOptions {
     let mut opts = WriteOptions::default();
     opts.set_sync(false);
