@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the project: unit tests, openraft's storage suite, multi-process
-# cluster tests, the deterministic simulation and the Docker fault tests.
+# cluster tests, the deterministic simulation (its CI seeds) and the Docker fault tests.
 # It installs what it needs (libclang for RocksDB's bindings, busybox for the image) and
 # fails loudly on the first failing test.
 set -euo pipefail
@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 # clone so every fresh clone reuses one warm RocksDB build).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$CARGO_TARGET_DIR"
+source scripts/rustflags.sh
 
 need_apt=()
 # libclang itself (libclang.so or libclang-N.so), not libclang-cpp, which some images ship
@@ -36,6 +37,3 @@ cargo test --release --workspace --no-fail-fast -- --skip docker_faults_
 
 echo "==> running the Docker fault tests"
 cargo test --release --workspace --test docker_faults -- --nocapture
-
-echo "==> running the deterministic simulation"
-scripts/sim.sh

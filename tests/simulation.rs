@@ -8,9 +8,9 @@
 //! from their last sequence. After the faults stop and the network heals, every node's log and
 //! every client observation go through `History::check`.
 //!
-//! The simulation is built with `--cfg tokio_unstable`, so turmoil seeds tokio's own RNG too
-//! and a seed replays exactly (`scripts/sim.sh` does that in its own target directory);
-//! without that flag these tests are ignored. `scripts/sim.sh` runs the CI seeds,
+//! Everything is built with `--cfg tokio_unstable` (`.cargo/config.toml`), so turmoil seeds
+//! tokio's own RNG too and a seed replays exactly; without that flag these tests are ignored.
+//! `scripts/test.sh` runs the CI seeds with the other tests, `scripts/sim.sh` runs them alone,
 //! `SIM_SEEDS=500 scripts/sim.sh many_seeds` runs more, and `SIM_SEED=1234 scripts/sim.sh
 //! ci_seeds_three_nodes` replays one.
 
@@ -399,7 +399,7 @@ fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) {
 }
 
 #[test]
-#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable to be deterministic: run by scripts/test.sh")]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn ci_seeds_three_nodes() {
     if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
         return check_seeds([seed], 3);
@@ -408,14 +408,14 @@ fn ci_seeds_three_nodes() {
 }
 
 #[test]
-#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable to be deterministic: run by scripts/test.sh")]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn ci_seeds_five_nodes() {
     check_seeds(101..=103, 5);
 }
 
 /// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000); skipped when unset.
 #[test]
-#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable to be deterministic: run by scripts/test.sh")]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn many_seeds() {
     let Some(n) = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse::<u64>().ok()) else {
         eprintln!("SIM_SEEDS not set: skipping the long simulation run");
@@ -426,7 +426,7 @@ fn many_seeds() {
 }
 
 #[test]
-#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable to be deterministic: run by scripts/test.sh")]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn same_seed_same_history() {
     let a = run(&scenario(7, 3)).expect("seed 7");
     let b = run(&scenario(7, 3)).expect("seed 7 again");
