@@ -9,4 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/rustflags.sh
-exec cargo test --release -p pubsub-tests --test simulation -- --nocapture "$@"
+# --workspace, not -p pubsub-tests: the same feature set as the main build, so nothing recompiles.
+exec cargo test --release --workspace --test simulation -- --nocapture "$@"
