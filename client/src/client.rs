@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reqwest::{Method, Url};
+use hyper::Method;
 use serde_json::Value;
+use url::Url;
 
 use crate::endpoint;
 use crate::error::{Error, ErrorCode};
@@ -170,7 +171,7 @@ pub struct Client {
 #[derive(Debug)]
 struct Inner {
     /// One pool of keep-alive connections for every node.
-    http: reqwest::Client,
+    http: http::Http,
     /// Timeouts and retry budget.
     config: ClientConfig,
     /// Known nodes and the cached leader. A plain mutex: never held across an await.
@@ -266,13 +267,7 @@ impl Client {
         if known.is_empty() {
             return Err(Error::InvalidArgument("no server address given".into()));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .user_agent(concat!("pubsub-client/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::InvalidArgument(format!("HTTP client: {e}")))?;
+        let http = http::Http::new(config.connect_timeout);
         Ok(Client {
             inner: Arc::new(Inner { http, config, nodes: Mutex::new(Nodes { known, leader: None, next: 0 }) }),
         })
@@ -550,6 +545,7 @@ pub(crate) fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
 }
 
 mod call;
+mod http;
 mod nodes;
 
 use call::Call;

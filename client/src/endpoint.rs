@@ -4,7 +4,7 @@
 //! `host:port`, `http://host:port[/]` or `ws://host:port`; the cluster names nodes by their
 //! advertise address `host:port` (`/cluster` `peers`, `leader_address`).
 
-use reqwest::Url;
+use url::Url;
 
 use crate::error::Error;
 

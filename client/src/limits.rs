@@ -23,6 +23,11 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// so a slow commit comes back as `504 raft_timeout` rather than as a client-side timeout.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// How long an unused keep-alive connection to a node stays in the pool (reqwest's default,
+/// which the client used before): long enough to outlive pauses between bursts, short enough
+/// that connections to nodes the client stopped using are closed.
+pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// Attempts one operation may make (the first try included) before the client gives up.
 /// With the backoff below this covers a few seconds of leader election.
 pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::Url;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::AbortHandle;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use url::Url;
 
 use crate::client::{ensure_id, Client};
 use crate::error::{ApiError, Error, ErrorCode};

@@ -72,7 +72,7 @@ pub(crate) enum Verdict {
     Done,
     /// `307`: ask this node next (the leader cache is updated to it). `None` when the
     /// redirect named no leader: then it is handled like `no_leader`.
-    Redirect(Option<reqwest::Url>),
+    Redirect(Option<url::Url>),
     /// Retry after a backoff. `maybe_applied`: the request may have taken effect (the server
     /// accepted it but could not confirm), so a later `409`/`404` can be our own doing.
     /// `forget_leader`: the cached leader is wrong or gone.

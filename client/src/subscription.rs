@@ -13,11 +13,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, Stream, StreamExt};
-use reqwest::Url;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use url::Url;
 
 use crate::client::Client;
 use crate::endpoint::{subscribe_url, Cursor};

@@ -4,9 +4,11 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use reqwest::{Method, Url};
+use hyper::Method;
 use serde::de::DeserializeOwned;
+use url::Url;
 
+use super::http::HttpError;
 use super::Client;
 use crate::endpoint::http_url;
 use crate::error::{ApiError, BoxError, Error, ErrorCode};
@@ -107,18 +109,17 @@ impl Client {
         for _ in 0..self.node_count() {
             let node = self.next_node();
             let url = http_url(&node, &["cluster"], &[]);
-            let answer = self.inner.http.get(url).timeout(timeout).send().await;
-            let response = match answer {
-                Ok(r) => r,
+            let answer = match self.inner.http.send(Method::GET, &url, None, timeout).await {
+                Ok(answer) => answer,
                 Err(e) => {
                     last = transport_failure(e);
                     continue;
                 }
             };
-            if !response.status().is_success() {
+            if !(200..300).contains(&answer.status) {
                 continue;
             }
-            match response.json::<ClusterInfo>().await {
+            match serde_json::from_slice::<ClusterInfo>(&answer.body) {
                 Ok(info) => {
                     self.learn(&info);
                     if let Some(leader) = self.leader() {
@@ -128,7 +129,7 @@ impl Client {
                     }
                     last = Failure::NoLeader;
                 }
-                Err(e) => last = transport_failure(e),
+                Err(e) => last = Failure::Transport { error: Box::new(e), timeout: false },
             }
         }
         Err(last)
@@ -160,12 +161,8 @@ impl Client {
                     None => self.leader().unwrap_or_else(|| self.next_node()),
                 };
                 let url = http_url(&target, &segments(call), &call.query);
-                let mut request = self.inner.http.request(call.method.clone(), url.clone()).timeout(timeout);
-                if let Some(body) = &call.body {
-                    request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
-                }
-                let response = match request.send().await {
-                    Ok(r) => r,
+                let answer = match self.inner.http.send(call.method.clone(), &url, call.body.clone(), timeout).await {
+                    Ok(answer) => answer,
                     Err(e) => {
                         // Past the connect stage the request may have been received.
                         maybe_applied |= !e.is_connect();
@@ -173,17 +170,7 @@ impl Client {
                         break 'attempt transport_failure(e);
                     }
                 };
-                let status = response.status().as_u16();
-                let location =
-                    response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
-                let body = match response.bytes().await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        maybe_applied = true;
-                        self.forget_leader(&target);
-                        break 'attempt transport_failure(e);
-                    }
-                };
+                let (status, location, body) = (answer.status, answer.location, answer.body);
                 let error = (status >= 300).then(|| ApiError::from_body(status, &body));
                 match classify(status, error.as_ref(), location.as_deref()) {
                     Verdict::Done => return Ok(Reply { status, body, url, maybe_applied }),
@@ -225,7 +212,7 @@ fn segments(call: &Call) -> Vec<&str> {
     call.segments.iter().map(String::as_str).collect()
 }
 
-fn transport_failure(error: reqwest::Error) -> Failure {
+fn transport_failure(error: HttpError) -> Failure {
     Failure::Transport { timeout: error.is_timeout(), error: Box::new(error) }
 }
 

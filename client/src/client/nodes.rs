@@ -3,7 +3,7 @@
 
 use std::sync::MutexGuard;
 
-use reqwest::Url;
+use url::Url;
 
 use super::{Client, Nodes};
 use crate::endpoint::{self, http_url};
@@ -81,9 +81,9 @@ impl Client {
         let node = self.next_node();
         let url = http_url(&node, &["cluster"], &[]);
         let timeout = self.config().connect_timeout;
-        let answer = self.inner.http.get(url).timeout(timeout).send().await;
-        if let Ok(response) = answer {
-            if let Ok(info) = response.json::<ClusterInfo>().await {
+        let answer = self.inner.http.send(hyper::Method::GET, &url, None, timeout).await;
+        if let Ok(answer) = answer {
+            if let Ok(info) = serde_json::from_slice::<ClusterInfo>(&answer.body) {
                 self.learn(&info);
             }
         }

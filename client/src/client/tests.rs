@@ -5,6 +5,7 @@ use axum::extract::Query;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::*;
@@ -276,6 +277,67 @@ async fn appended_ack_mode_is_sent_as_a_query_parameter() {
     let ack = client.publish_message("t", NewMessage::new(json!(1)), AckMode::Appended).await;
     assert!(matches!(ack, Ok(PublishAck { sequence: None, committed: false, .. })), "{ack:?}");
     assert_eq!(bodies(&queries), vec![json!({"ack": "appended"})]);
+}
+
+/// An answer whose connection breaks: before its head (the stream fails before hyper flushes
+/// anything) or in its body, after the client has read the head and a first chunk.
+fn broken_answer(head_first: bool) -> Response {
+    let broken = futures_util::stream::iter([false, true]).then(move |cut| async move {
+        if !cut {
+            return Ok(Bytes::from_static(b"{\"id\""));
+        }
+        if head_first {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Err(std::io::Error::other("cut"))
+    });
+    (axum::http::StatusCode::CREATED, axum::body::Body::from_stream(broken)).into_response()
+}
+
+#[tokio::test]
+async fn an_answer_cut_off_after_the_request_counts_as_maybe_applied() {
+    // The request was sent, so the publish may have been stored: a duplicate on the retry is
+    // that publish, not an error.
+    for head_first in [false, true] {
+        let hits = seen();
+        let node = leader_node(hits.clone(), move |n, body| {
+            if n == 1 {
+                broken_answer(head_first)
+            } else {
+                error_response(409, "duplicate_message_id", json!({"id": body["id"], "existing_sequence": 7}))
+            }
+        })
+        .await;
+        let client = fast_client(&[&node]);
+        let ack = client.publish_message("t", NewMessage::new(json!(1)).with_id("cut-1"), AckMode::Committed).await;
+        assert!(matches!(&ack, Ok(PublishAck { sequence: Some(7), duplicate: true, .. })), "{head_first}: {ack:?}");
+        assert_eq!(bodies(&hits).len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_never_answers_is_a_timeout() {
+    let node = serve_with(|me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/topics/{name}/messages",
+            post(|| async {
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                "never"
+            }),
+        )
+    })
+    .await;
+    let client = Client::builder([node])
+        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
+        .request_timeout(std::time::Duration::from_millis(200))
+        .attempts_max(2)
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let publish = client.publish("t", json!(1)).await;
+    assert!(matches!(publish, Err(Error::Timeout { attempts: 2, .. })), "{publish:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "each attempt waited its own timeout only");
 }
 
 #[tokio::test]

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::Url;
 use tokio_tungstenite::tungstenite::{self, http::header::LOCATION};
+use url::Url;
 
 use super::Socket;
 use crate::client::{retry_or_give_up, Client, Failure};
