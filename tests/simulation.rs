@@ -413,7 +413,8 @@ fn ci_seeds_five_nodes() {
     check_seeds(101..=103, 5);
 }
 
-/// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000); skipped when unset.
+/// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000), on clusters of
+/// `SIM_NODES` nodes (default 3); skipped when unset.
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn many_seeds() {
@@ -422,7 +423,8 @@ fn many_seeds() {
         return;
     };
     let from = std::env::var("SIM_SEEDS_FROM").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(1000);
-    check_seeds(from..from + n, 3);
+    let nodes = std::env::var("SIM_NODES").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(3);
+    check_seeds(from..from + n, nodes);
 }
 
 #[test]
