@@ -32,6 +32,6 @@ ready=$(date +%s.%N)
 sequence() { curl -sf "localhost:1908$leader/topics/bench" | sed -n 's/.*"current_sequence":\([0-9]*\).*/\1/p'; }
 echo "node $leader ready $(python3 -c "print(f'{$ready - $began:.2f}')") s after its restart after kill -9, topic at sequence $(sequence)"
 sleep 5
-sequence=$(sequence)
-echo "node $leader: $(rss "$leader") resident 5 s later, topic at sequence $sequence of $MESSAGES"
-[ "$sequence" = "$MESSAGES" ] || { echo "the restarted node lost messages" >&2; exit 1; }
+after=$(sequence)
+echo "node $leader: $(rss "$leader") resident 5 s later, topic at sequence $after of $MESSAGES"
+[ "$after" = "$MESSAGES" ] || { echo "the restarted node lost messages" >&2; exit 1; }

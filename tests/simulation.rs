@@ -378,6 +378,11 @@ fn scenario(seed: u64, nodes: usize) -> Scenario {
     Scenario { seed, nodes, messages: 300, publishers: 3, subscribers: 2 }
 }
 
+/// A number from the environment (the seed knobs of `scripts/sim.sh`); `None` when unset.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
 fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) {
     let mut failures = Vec::new();
     for seed in seeds {
@@ -392,7 +397,7 @@ fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) {
     }
     assert!(
         failures.is_empty(),
-        "{} seeds failed (replay with SIM_SEED=<seed>):\n{}",
+        "{} seeds failed (replay one with SIM_NODES={nodes} SIM_SEEDS=1 SIM_SEEDS_FROM=<seed> scripts/sim.sh many_seeds):\n{}",
         failures.len(),
         failures.join("\n\n")
     );
@@ -401,7 +406,7 @@ fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) {
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn ci_seeds_three_nodes() {
-    if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+    if let Some(seed) = env_number("SIM_SEED") {
         return check_seeds([seed], 3);
     }
     check_seeds(1..=6, 3);
@@ -418,12 +423,12 @@ fn ci_seeds_five_nodes() {
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn many_seeds() {
-    let Some(n) = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse::<u64>().ok()) else {
+    let Some(n) = env_number::<u64>("SIM_SEEDS") else {
         eprintln!("SIM_SEEDS not set: skipping the long simulation run");
         return;
     };
-    let from = std::env::var("SIM_SEEDS_FROM").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(1000);
-    let nodes = std::env::var("SIM_NODES").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(3);
+    let from = env_number("SIM_SEEDS_FROM").unwrap_or(1000);
+    let nodes = env_number("SIM_NODES").unwrap_or(3);
     check_seeds(from..from + n, nodes);
 }
 

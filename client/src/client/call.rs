@@ -8,7 +8,7 @@ use hyper::Method;
 use serde::de::DeserializeOwned;
 use url::Url;
 
-use super::http::HttpError;
+use super::http::{is_success, HttpError};
 use super::Client;
 use crate::endpoint::http_url;
 use crate::error::{ApiError, BoxError, Error, ErrorCode};
@@ -85,7 +85,7 @@ pub(super) struct Reply {
 
 impl Reply {
     fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
+        is_success(self.status)
     }
 
     pub(super) fn api_error(&self) -> ApiError {
@@ -116,7 +116,7 @@ impl Client {
                     continue;
                 }
             };
-            if !(200..300).contains(&answer.status) {
+            if !is_success(answer.status) {
                 continue;
             }
             match serde_json::from_slice::<ClusterInfo>(&answer.body) {

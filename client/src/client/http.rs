@@ -19,6 +19,8 @@ use url::Url;
 
 use crate::limits::HTTP_POOL_IDLE_TIMEOUT;
 
+const CLIENT_USER_AGENT: HeaderValue = HeaderValue::from_static(concat!("pubsub-client/", env!("CARGO_PKG_VERSION")));
+
 /// What the client reads of an answer.
 #[derive(Debug)]
 pub(crate) struct Answer {
@@ -26,6 +28,11 @@ pub(crate) struct Answer {
     /// The `Location` header, on a redirect.
     pub(crate) location: Option<String>,
     pub(crate) body: Bytes,
+}
+
+/// A 2xx status.
+pub(crate) fn is_success(status: u16) -> bool {
+    (200..300).contains(&status)
 }
 
 /// Why an exchange got no answer.
@@ -97,7 +104,7 @@ impl Http {
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let uri: Uri = url.as_str().parse().map_err(|_| HttpError::Url { url: url.to_string() })?;
-        let mut request = Request::builder().method(method).uri(uri).header(USER_AGENT, user_agent());
+        let mut request = Request::builder().method(method).uri(uri).header(USER_AGENT, CLIENT_USER_AGENT);
         if body.is_some() {
             request = request.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
@@ -121,8 +128,4 @@ impl Http {
             Err(_) => Err(HttpError::Timeout { url: url.to_string(), after: timeout }),
         }
     }
-}
-
-fn user_agent() -> HeaderValue {
-    HeaderValue::from_static(concat!("pubsub-client/", env!("CARGO_PKG_VERSION")))
 }
