@@ -102,25 +102,26 @@ impl Reply {
 }
 
 impl Client {
+    /// `GET /cluster` of `node`: `None` when it answers with an error status.
+    pub(super) async fn cluster_info(&self, node: &Url, timeout: Duration) -> Result<Option<ClusterInfo>, Failure> {
+        let url = http_url(node, &["cluster"], &[]);
+        let answer = self.inner.http.send(Method::GET, &url, None, timeout).await.map_err(transport_failure)?;
+        if !is_success(answer.status) {
+            return Ok(None);
+        }
+        serde_json::from_slice(&answer.body)
+            .map(Some)
+            .map_err(|e| Failure::Transport { error: Box::new(e), timeout: false })
+    }
+
     /// One pass of `GET /cluster` over the known nodes, starting at the round-robin position,
     /// until one names a leader.
     pub(crate) async fn discover(&self, timeout: Duration) -> Result<Url, Failure> {
         let mut last = Failure::NoLeader;
         for _ in 0..self.node_count() {
             let node = self.next_node();
-            let url = http_url(&node, &["cluster"], &[]);
-            let answer = match self.inner.http.send(Method::GET, &url, None, timeout).await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    last = transport_failure(e);
-                    continue;
-                }
-            };
-            if !is_success(answer.status) {
-                continue;
-            }
-            match serde_json::from_slice::<ClusterInfo>(&answer.body) {
-                Ok(info) => {
+            match self.cluster_info(&node, timeout).await {
+                Ok(Some(info)) => {
                     self.learn(&info);
                     if let Some(leader) = self.leader() {
                         if info.leader_address.is_some() {
@@ -129,7 +130,8 @@ impl Client {
                     }
                     last = Failure::NoLeader;
                 }
-                Err(e) => last = Failure::Transport { error: Box::new(e), timeout: false },
+                Ok(None) => {}
+                Err(failure) => last = failure,
             }
         }
         Err(last)

@@ -6,7 +6,7 @@ use std::sync::MutexGuard;
 use url::Url;
 
 use super::{Client, Nodes};
-use crate::endpoint::{self, http_url};
+use crate::endpoint;
 use crate::types::ClusterInfo;
 
 impl Client {
@@ -79,13 +79,8 @@ impl Client {
     /// subscription can fail over to nodes that were not among the seeds.
     pub(crate) async fn refresh_nodes(&self) {
         let node = self.next_node();
-        let url = http_url(&node, &["cluster"], &[]);
-        let timeout = self.config().connect_timeout;
-        let answer = self.inner.http.send(hyper::Method::GET, &url, None, timeout).await;
-        if let Ok(answer) = answer {
-            if let Ok(info) = serde_json::from_slice::<ClusterInfo>(&answer.body) {
-                self.learn(&info);
-            }
+        if let Ok(Some(info)) = self.cluster_info(&node, self.config().connect_timeout).await {
+            self.learn(&info);
         }
     }
 }
