@@ -9,7 +9,10 @@
 # Sections (SECTIONS, default all four):
 #   publish  256-byte payloads, every publish awaited until acknowledged (ours: quorum fsync,
 #            over HTTP; NATS: JetStream PubAck; etcd: put response), C requests in flight in
-#            total. Ours, NATS, etcd.
+#            total. Ours, NATS, etcd, and `edge`: our publish API's HTTP edge alone
+#            (benches/peers/src/bin/http-edge.rs: one process, the node's HTTP stack and
+#            request parsing, no Raft, no disk) driven by the same `pubsub bench`, the ceiling
+#            of any per-message HTTP publish on this machine with this client.
 #   ws       the same, ours publishing over its WebSocket (`pubsub bench --transport ws`,
 #            ceil(C/64) publishers x up to 64 in flight), reported as `ours-ws`, next to NATS
 #            (one connection, C publishes in flight) at the same C. Ours and NATS.
@@ -25,7 +28,7 @@
 #            faster).
 # Knobs (environment):
 #   SECTIONS="publish ws batch fanout" which sections to run
-#   SYSTEMS="ours nats etcd"    which systems to run (etcd only takes part in publish)
+#   SYSTEMS="ours nats etcd edge"  which systems to run (etcd and edge only take part in publish)
 #   CONCURRENCY="1 16 64"       publish: C values
 #   MESSAGES="3000 10000 20000" publish: messages per C (same order as CONCURRENCY)
 #   WS_CONCURRENCY="64 256"     ws: C values (NATS runs the ones publish has not run)
@@ -38,14 +41,14 @@
 #   FANOUT_NATS_CONNECTIONS=0   fanout: connections NATS subscribers share (0: one each)
 #   RUN_SECS=60                 time limit of one publish or ws run (the generator stops
 #                               publishing); a fanout run gets N/R + 30 s
-#   PORT_BASE=29000             ports PORT_BASE+80.. (ours), +220.. (NATS), +379.. (etcd)
+#   PORT_BASE=29000             ports PORT_BASE+80.. (ours), +220.. (NATS), +379.. (etcd), +400 (edge)
 #   ROUNDS=1                    repeat everything; the order of the systems rotates each
 #                               round and the tables keep each cell's best run (highest
 #                               msgs/s; fanout: lowest deliver p99) (use 3 on a shared,
 #                               noisy machine)
 #   KEEP_DATA=1                 keep the temporary data directory
 # Everything listens on 127.0.0.1 and is stopped on exit. Each cluster runs only during its
-# own runs, so the three never compete for the CPU (the load generator shares the machine
+# own runs, so they never compete for the CPU (the load generator shares the machine
 # with the cluster under test). A peer whose Debian package (nats-server, etcd-server) is
 # missing and cannot be installed is skipped with a note. The open-files limit is raised to
 # its hard limit for the fanout section's many connections.
@@ -65,6 +68,7 @@ if [ -z "${CARGO_TARGET_DIR:-}" ] && [ ! -x "$BIN/pubsub-node" ] && [ -x "$ROOT/
     BIN="$ROOT/target/release"
 fi
 PEERS_BIN="$PEERS_TARGET/release/peers-bench"
+EDGE_BIN="$PEERS_TARGET/release/http-edge"
 
 read -r -a SECT <<<"${SECTIONS:-publish ws batch fanout}"
 read -r -a CS <<<"${CONCURRENCY:-1 16 64}"
@@ -74,7 +78,7 @@ read -r -a WS_NS <<<"${WS_MESSAGES:-20000 40000}"
 read -r -a FANOUT_RUNS <<<"${FANOUT:-100:1000 1000:100}"
 read -r -a BATCH_RUNS <<<"${BATCH:-100:16 1000:16}"
 BATCH_MESSAGES=${BATCH_MESSAGES:-200000}
-read -r -a SYS <<<"${SYSTEMS:-ours nats etcd}"
+read -r -a SYS <<<"${SYSTEMS:-ours nats etcd edge}"
 FANOUT_SECS=${FANOUT_SECS:-10}
 FANOUT_TRANSPORT=${FANOUT_TRANSPORT:-http}
 FANOUT_NATS_CONNECTIONS=${FANOUT_NATS_CONNECTIONS:-0}
@@ -93,6 +97,8 @@ done
 for x in "${FANOUT_RUNS[@]}"; do
     [[ $x =~ ^[1-9][0-9]*:[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || { echo "FANOUT: $x is not K:R or K:R:N" >&2; exit 2; }
 done
+# http_shape C: sets p publishers x f requests in flight each, for C in flight over HTTP.
+http_shape() { case $1 in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$1 ;; esac; }
 # section NAME: NAME is among SECTIONS.
 section() { case " ${SECT[*]} " in *" $1 "*) return 0 ;; esac; return 1; }
 # fanout_run K:R[:N]: sets FK, FR and FN (N defaults to R x FANOUT_SECS).
@@ -150,30 +156,42 @@ spawn() {
     PIDS+=("$!")
 }
 
+# The whole machine's busy CPU time so far, in clock ticks (user, nice, system, irq,
+# softirq; not idle, iowait or steal). One system runs at a time, so what a run adds to it is
+# that system's cost, its cluster and its load generator together.
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+busy_ticks() { awk '/^cpu /{ print $2 + $3 + $4 + $7 + $8 }' /proc/stat 2>/dev/null || echo 0; }
+
 # run_gen LOGNAME SECS cmd...: runs a load generator (killed after SECS) in the background,
-# so a signal reaches the EXIT trap at once, and sets LINE to its last stdout line.
+# so a signal reaches the EXIT trap at once, and sets LINE to its last stdout line and
+# BUSY_SECS to the machine's busy CPU seconds during the run.
 run_gen() {
     local name=$1 secs=$2; shift 2
+    local before
+    before=$(busy_ticks)
     timeout "$secs" "$@" >"$WORK/gen.out" 2>>"$WORK/$name-bench.log" &
     local pid=$!
     PIDS+=("$pid")
     wait "$pid" || log "$name generator exited with status $?"
     PIDS=("${PIDS[@]/$pid}")
+    BUSY_SECS=$(awk -v a="$before" -v b="$(busy_ticks)" -v hz="$CLK_TCK" 'BEGIN { printf "%.3f", (b - a) / hz }')
     LINE=$(tail -n 1 "$WORK/gen.out")
 }
 
 # json_num FIELD LINE: a numeric field of a flat JSON object (no jq needed).
 json_num() { sed -nE "s/.*\"$1\":(-?[0-9.eE+-]+).*/\1/p" <<<"$2"; }
 
-# record SYSTEM C REQUESTED_MESSAGES JSON_LINE  (publish and ws sections)
+# record SYSTEM C REQUESTED_MESSAGES JSON_LINE  (publish and ws sections; after run_gen)
 record() {
     local sys=$1 c=$2 want=$3 line=$4
-    local rate p50 p99 n errs
+    local rate p50 p99 n errs cpu_us
     rate=$(json_num msgs_per_sec "$line"); p50=$(json_num p50_ms "$line"); p99=$(json_num p99_ms "$line")
     n=$(json_num messages "$line"); errs=$(json_num errors "$line")
     if [ -z "$rate" ]; then note "$sys C=$c: no result"; return; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" >>"$RESULTS"
-    log "$sys C=$c: $(printf '%.0f msgs/s, p50 %.2f ms, p99 %.2f ms, %s acked, %s errors' "$rate" "$p50" "$p99" "$n" "${errs:-0}")"
+    cpu_us=$(awk -v s="$BUSY_SECS" -v n="$n" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" "$cpu_us" >>"$RESULTS"
+    log "$sys C=$c: $(printf '%.0f msgs/s, p50 %.2f ms, p99 %.2f ms, %s acked, %s errors, %.0f µs of machine CPU per message' \
+        "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$cpu_us")"
 }
 
 # record_fanout SYSTEM K R REQUESTED_MESSAGES JSON_LINE
@@ -205,16 +223,17 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 
 # ---------------------------------------------------------------- builds
-if [[ " ${SYS[*]} " == *" ours "* ]] && { [ ! -x "$BIN/pubsub-node" ] || [ ! -x "$BIN/pubsub" ]; }; then
+# The edge is driven by our `pubsub bench` too.
+if [[ " ${SYS[*]} " == *" ours "* || " ${SYS[*]} " == *" edge "* ]] && { [ ! -x "$BIN/pubsub-node" ] || [ ! -x "$BIN/pubsub" ]; }; then
     log "building pubsub-node and pubsub (release)"
     (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET" cargo build --release --bin pubsub-node --bin pubsub)
 fi
 NEED_PEERS=""
 for s in "${SYS[@]}"; do
-    case $s in nats) NEED_PEERS=1 ;; etcd) if section publish; then NEED_PEERS=1; fi ;; esac
+    case $s in nats) NEED_PEERS=1 ;; etcd | edge) if section publish; then NEED_PEERS=1; fi ;; esac
 done
 if [ -n "$NEED_PEERS" ]; then
-    log "building the peers' load generator into $PEERS_TARGET"
+    log "building the peers' load generator and the HTTP edge into $PEERS_TARGET"
     CARGO_TARGET_DIR="$PEERS_TARGET" cargo build --release --quiet --manifest-path "$ROOT/benches/peers/Cargo.toml"
 fi
 
@@ -233,7 +252,7 @@ run_ours() {
     if section publish; then
         for k in "${!CS[@]}"; do
             c=${CS[$k]}; n=${NS[$k]}
-            case $c in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$c ;; esac
+            http_shape "$c"
             "$BIN/pubsub" "${urls[@]}" --json topics create "bench-c$c" >/dev/null 2>&1 || true
             log "ours C=$c ($p publishers x $f in flight), $n messages"
             run_gen ours $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --publishers "$p" --inflight "$f" \
@@ -353,6 +372,24 @@ run_etcd() {
     stop_all
 }
 
+# ---------------------------------------------------------------- our HTTP edge alone
+run_edge() {
+    section publish || return 0
+    local addr="127.0.0.1:$((PB + 400))"
+    spawn edge "$EDGE_BIN" "$addr"
+    wait_for 30 "the HTTP edge" curl -sf "http://$addr/cluster" || { note "edge: not answering within 30 s, skipped"; stop_all; return; }
+    local k c n p f
+    for k in "${!CS[@]}"; do
+        c=${CS[$k]}; n=${NS[$k]}
+        http_shape "$c"
+        log "edge C=$c ($p publishers x $f in flight), $n messages"
+        run_gen edge $((RUN_SECS + 60)) "$BIN/pubsub" -s "http://$addr" --json bench --publishers "$p" --inflight "$f" \
+            --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
+        record edge "$c" "$n" "$LINE"
+    done
+    stop_all
+}
+
 for ((r = 0; r < ROUNDS; r++)); do
     for ((q = 0; q < ${#SYS[@]}; q++)); do
         s=${SYS[$(((q + r) % ${#SYS[@]}))]}
@@ -362,6 +399,7 @@ for ((r = 0; r < ROUNDS; r++)); do
             ours) run_ours ;;
             nats) run_nats ;;
             etcd) run_etcd ;;
+            edge) run_edge ;;
             *) note "unknown system $s, skipped"; SKIPPED+=" $s" ;;
         esac
     done
@@ -372,7 +410,8 @@ done
 # shellcheck disable=SC2016 # awk code, expanded by awk
 BEST_PUBLISH='
     ($1, $2) in rate && rate[$1, $2] >= $3 { next }
-    { rate[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; acked[$1, $2] = $6; errs[$1, $2] = $7; want[$1, $2] = $8 }
+    { rate[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; acked[$1, $2] = $6; errs[$1, $2] = $7; want[$1, $2] = $8; cpu[$1, $2] = $9 }
+    function cpu_cell(s, c) { return ((s, c) in cpu && cpu[s, c] > 0) ? sprintf("%.0f", cpu[s, c]) : "—" }
     function cell(s, c) { return ((s, c) in rate) ? sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c]) : "— | — | —" }
     function ratio(s, c, other) {
         return ((s, c) in rate && (other, c) in rate && rate[other, c] > 0) ? sprintf("%.2f×", rate[s, c] / rate[other, c]) : "—"
@@ -383,16 +422,31 @@ echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads, every publish a
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 if section publish; then
     echo
-    echo "Publish (ours over HTTP), C requests in flight:"
+    echo "Publish (ours over HTTP), C requests in flight; the HTTP edge alone is our publish API with no Raft and no"
+    echo "disk behind it (one process), the same client: the ceiling of per-message HTTP on this machine:"
     echo
     awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" "$BEST_PUBLISH"'
         END {
             nc = split(cs, C, " "); split(ns, N, " ")
-            print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd |"
-            print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd | HTTP edge alone msgs/s | p50 ms | p99 ms | ours/edge | NATS/edge |"
+            print "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             for (i = 1; i <= nc; i++) {
                 c = C[i]
-                printf "| %s | %s | %s | %s | %s | %s | %s |\n", c, N[i], cell("ours", c), cell("nats", c), cell("etcd", c), ratio("ours", c, "nats"), ratio("ours", c, "etcd")
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, N[i], cell("ours", c), cell("nats", c), cell("etcd", c), ratio("ours", c, "nats"), ratio("ours", c, "etcd"), cell("edge", c), ratio("ours", c, "edge"), ratio("nats", c, "edge")
+            }
+        }' "$RESULTS"
+    echo
+    echo "The machine's busy CPU time per acknowledged message during each run above (µs; cluster and load generator"
+    echo "together, from /proc/stat; $(nproc) cores are full at $(nproc),000,000 / this messages per second):"
+    echo
+    awk -F'\t' -v cs="${CS[*]}" "$BEST_PUBLISH"'
+        END {
+            nc = split(cs, C, " ")
+            print "| C | ours | NATS JetStream R3 | etcd 3.4 | HTTP edge alone |"
+            print "|---|---|---|---|---|"
+            for (i = 1; i <= nc; i++) {
+                c = C[i]
+                printf "| %s | %s | %s | %s | %s |\n", c, cpu_cell("ours", c), cpu_cell("nats", c), cpu_cell("etcd", c), cpu_cell("edge", c)
             }
         }' "$RESULTS"
 fi
@@ -477,8 +531,8 @@ if section fanout; then
 fi
 if [ "$ROUNDS" -gt 1 ]; then
     echo
-    echo "every publish/ws run (system, C, msgs/s, p50 ms, p99 ms):"
-    awk -F'\t' '{ printf "  %s C=%s %.0f %.2f %.2f\n", $1, $2, $3, $4, $5 }' "$RESULTS"
+    echo "every publish/ws run (system, C, msgs/s, p50 ms, p99 ms, machine CPU µs per message):"
+    awk -F'\t' '{ printf "  %s C=%s %.0f %.2f %.2f %.0f\n", $1, $2, $3, $4, $5, $9 }' "$RESULTS"
     if [ -s "$FANOUT_RESULTS" ]; then
         echo "every fanout run (system, K, R, msgs/s, deliver p50/p99/p99.9 ms, missing):"
         awk -F'\t' '{ printf "  %s K=%s R=%s %.0f %.2f %.2f %.2f %s\n", $1, $2, $3, $5, $10, $11, $12, $9 }' "$FANOUT_RESULTS"
