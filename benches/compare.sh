@@ -55,7 +55,8 @@
 #
 # Builds: ours is expected in ${CARGO_TARGET_DIR:-~/.cache/pubsub-raft/target}/release
 # (or the repository's target/release; built into the former when missing); the peers'
-# load generator (benches/peers, its own Cargo project) goes to "${CARGO_TARGET_DIR:-~/.cache/pubsub-raft/target}-peers", outside the repository.
+# load generator and the HTTP edge (benches/peers, its own Cargo project) go to
+# "${CARGO_TARGET_DIR:-~/.cache/pubsub-raft/target}-peers", outside the repository.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -97,8 +98,6 @@ done
 for x in "${FANOUT_RUNS[@]}"; do
     [[ $x =~ ^[1-9][0-9]*:[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || { echo "FANOUT: $x is not K:R or K:R:N" >&2; exit 2; }
 done
-# http_shape C: sets p publishers x f requests in flight each, for C in flight over HTTP.
-http_shape() { case $1 in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$1 ;; esac; }
 # section NAME: NAME is among SECTIONS.
 section() { case " ${SECT[*]} " in *" $1 "*) return 0 ;; esac; return 1; }
 # fanout_run K:R[:N]: sets FK, FR and FN (N defaults to R x FANOUT_SECS).
@@ -237,6 +236,23 @@ if [ -n "$NEED_PEERS" ]; then
     CARGO_TARGET_DIR="$PEERS_TARGET" cargo build --release --quiet --manifest-path "$ROOT/benches/peers/Cargo.toml"
 fi
 
+# ---------------------------------------------------------------- per-message HTTP publish
+# publish_runs SYSTEM SERVER_ARGS...: the publish section's runs of `pubsub bench` against
+# the servers SERVER_ARGS names (`-s URL`...), one per C: 1x1, 4x4 or 8x8 publishers x in flight.
+publish_runs() {
+    local sys=$1; shift
+    local k c n p f
+    for k in "${!CS[@]}"; do
+        c=${CS[$k]}; n=${NS[$k]}
+        case $c in 1) p=1 f=1 ;; 16) p=4 f=4 ;; 64) p=8 f=8 ;; *) p=1 f=$c ;; esac
+        "$BIN/pubsub" "$@" --json topics create "bench-c$c" >/dev/null 2>&1 || true
+        log "$sys C=$c ($p publishers x $f in flight), $n messages"
+        run_gen "$sys" $((RUN_SECS + 60)) "$BIN/pubsub" "$@" --json bench --publishers "$p" --inflight "$f" \
+            --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
+        record "$sys" "$c" "$n" "$LINE"
+    done
+}
+
 # ---------------------------------------------------------------- ours
 run_ours() {
     local peers="" i urls=()
@@ -249,17 +265,7 @@ run_ours() {
     leader_known() { curl -sf "http://127.0.0.1:$((PB + 81))/cluster" | grep -q '"leader_id":"node-'; }
     wait_for 60 "our leader" leader_known || { note "ours: no leader within 60 s, skipped"; stop_all; return; }
     local k c n p f x
-    if section publish; then
-        for k in "${!CS[@]}"; do
-            c=${CS[$k]}; n=${NS[$k]}
-            http_shape "$c"
-            "$BIN/pubsub" "${urls[@]}" --json topics create "bench-c$c" >/dev/null 2>&1 || true
-            log "ours C=$c ($p publishers x $f in flight), $n messages"
-            run_gen ours $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --publishers "$p" --inflight "$f" \
-                --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
-            record ours "$c" "$n" "$LINE"
-        done
-    fi
+    if section publish; then publish_runs ours "${urls[@]}"; fi
     if section ws; then
         for k in "${!WS_CS[@]}"; do
             c=${WS_CS[$k]}; n=${WS_NS[$k]}
@@ -378,15 +384,7 @@ run_edge() {
     local addr="127.0.0.1:$((PB + 400))"
     spawn edge "$EDGE_BIN" "$addr"
     wait_for 30 "the HTTP edge" curl -sf "http://$addr/cluster" || { note "edge: not answering within 30 s, skipped"; stop_all; return; }
-    local k c n p f
-    for k in "${!CS[@]}"; do
-        c=${CS[$k]}; n=${NS[$k]}
-        http_shape "$c"
-        log "edge C=$c ($p publishers x $f in flight), $n messages"
-        run_gen edge $((RUN_SECS + 60)) "$BIN/pubsub" -s "http://$addr" --json bench --publishers "$p" --inflight "$f" \
-            --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
-        record edge "$c" "$n" "$LINE"
-    done
+    publish_runs edge -s "http://$addr"
     stop_all
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -68,17 +68,14 @@ async fn create(Path(topic): Path<String>) -> Response {
 }
 
 async fn publish(State(edge): State<Arc<Edge>>, Path(topic): Path<String>, body: Bytes) -> Response {
-    if body.len() > BODY_BYTES_MAX {
-        return (StatusCode::PAYLOAD_TOO_LARGE, "body too large").into_response();
-    }
     let fields: MessageFields = match serde_json::from_slice(&body) {
         Ok(fields) => fields,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
     // The node keeps the payload as bytes; taking it out of the parse is that copy.
     let _payload = Bytes::from(String::from(Box::<str>::from(fields.payload)));
-    let id = fields.id.unwrap_or_else(|| format!("edge-{}", edge.sequence.load(Ordering::Relaxed)));
     let sequence = edge.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+    let id = fields.id.unwrap_or_else(|| format!("edge-{sequence}"));
     let answer =
         PublishAnswer { id: &id, topic: &topic, sequence: Some(sequence), raft_index: Some(sequence), committed: true };
     (StatusCode::CREATED, Json(answer)).into_response()
@@ -98,7 +95,9 @@ async fn main() {
         .route("/cluster", get(cluster))
         .route("/topics/{name}", post(create))
         .route("/topics/{name}/messages", post(publish))
-        .with_state(Arc::new(Edge { addr: addr.clone(), sequence: AtomicU64::new(0) }));
+        .with_state(Arc::new(Edge { addr: addr.clone(), sequence: AtomicU64::new(0) }))
+        // Enforced while the body is read, as the node reads it.
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
     eprintln!("http-edge: listening on {addr}");
     // As on the node: small answers must not wait for the client's delayed ACK.
     let listener = listener.tap_io(|tcp| {

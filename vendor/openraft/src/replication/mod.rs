@@ -651,13 +651,14 @@ where
 
         // PATCHED (pubsub-raft): a committed index alone waits briefly for the next entries,
         // which carry it anyway: under load they follow each commit within a fraction of a
-        // millisecond, and one AppendEntries then does the work of two.
+        // millisecond, and one AppendEntries then does the work of two. The flag is cleared
+        // first and nothing sets it again meanwhile (`next_action` is already filled), so it
+        // waits once.
         if std::mem::take(&mut self.commit_only_heartbeat) {
             if let Ok(Some(event)) = C::timeout(COMMIT_PIGGYBACK_WAIT, self.rx_event.recv()).await {
                 self.process_event(event);
                 self.try_drain_events().await?;
             }
-            self.commit_only_heartbeat = false;
         }
 
         Ok(())
