@@ -78,7 +78,8 @@ pub fn unsynced() -> WriteOptions {
 
 /// A write that skips the WAL: it reaches disk only when its memtable is flushed. Used for
 /// state machine applies, which openraft redoes from the fsynced log after a crash; with
-/// atomic flush the state that survives is the one after some earlier apply, whole.
+/// atomic flush the state that survives is the one after some earlier apply, whole. RocksDB
+/// refuses such writes when it recycles WAL files (`recycle_log_file_num`), so it must not.
 pub fn unlogged() -> WriteOptions {
     let mut opts = WriteOptions::default();
     opts.disable_wal(true);
