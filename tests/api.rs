@@ -335,6 +335,13 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
     })
     .await;
     assert_eq!(listed["lag"], 1);
+    // The follower applies the ack entry a little after the leader; `cursor=acked` resolves
+    // against the applied state of the node it is given to.
+    wait_until("ack applied on the follower", Duration::from_secs(10), || async {
+        let (_, b) = http::get_json(&format!("{f}/topics/t/subscribers")).await.ok()?;
+        b["subscribers"].as_array()?.iter().find(|s| s["subscriber_id"] == "sub-1" && s["acked_sequence"] == 3).cloned()
+    })
+    .await;
     let mut again = ws_connect(&f, "/topics/t/subscribe?subscriber_id=sub-1&cursor=acked").await;
     assert_eq!(next_frame(&mut again).await["cursor"], 3);
     assert_eq!(next_frame(&mut again).await["sequence"], 4);
