@@ -547,6 +547,7 @@ pub(crate) fn ensure_id(message: &mut NewMessage) -> Result<String, Error> {
 mod call;
 mod http;
 mod nodes;
+mod pool;
 
 use call::Call;
 pub(crate) use call::{retry_or_give_up, Failure};

@@ -28,6 +28,12 @@ pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// that connections to nodes the client stopped using are closed.
 pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Idle keep-alive connections kept per node. A client with more requests in flight than
+/// this opens the extra connections for each burst and closes them after; the cap keeps a
+/// burst of thousands from holding as many sockets (and server tasks) open for the idle
+/// timeout.
+pub const HTTP_POOL_IDLE_PER_NODE_MAX: usize = 256;
+
 /// Attempts one operation may make (the first try included) before the client gives up.
 /// With the backoff below this covers a few seconds of leader election.
 pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
