@@ -43,7 +43,7 @@ pub(crate) enum HttpError {
     Timeout { url: String, after: Duration },
     /// The connection could not be opened, or was closed before any of the request was
     /// written: the node cannot have seen it.
-    #[error("cannot send to {url}")]
+    #[error("cannot connect to {url}")]
     Connect {
         url: String,
         #[source]
