@@ -56,7 +56,12 @@ pub fn open(path: &Path) -> Result<DB, StoreError> {
         }
         ColumnFamilyDescriptor::new(*name, opts)
     });
-    Ok(DB::open_cf_descriptors(&db_opts, path, cfs)?)
+    let db = DB::open_cf_descriptors(&db_opts, path, cfs)?;
+    // Time-ordered ids (the Rust client's UUID v7) give runs of the dedup index that do not
+    // overlap: universal compaction may then move them instead of rewriting them. The crate
+    // does not expose this option, so it is set by name once open.
+    db.set_options_cf(cf(&db, CF_DEDUP)?, &[("compaction_options_universal", "{allow_trivial_move=true}")])?;
+    Ok(db)
 }
 
 /// A write that returns only once it is on disk (WAL fsynced).
@@ -132,5 +137,32 @@ mod tests {
         db.compact_range_cf(dedup, None::<&[u8]>, None::<&[u8]>);
         assert_eq!(db.get_cf(dedup, "id-1999").unwrap().as_deref(), Some(&1999u64.to_be_bytes()[..]));
         assert_eq!(db.get_cf(dedup, "id-0").unwrap().as_deref(), Some(&0u64.to_be_bytes()[..]));
+    }
+
+    /// RocksDB records the options in force in its newest OPTIONS file, one section per
+    /// column family.
+    fn options_section(dir: &Path, cf_name: &str) -> String {
+        let newest = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+            .max_by_key(|p| {
+                p.file_name().unwrap().to_string_lossy().trim_start_matches("OPTIONS-").parse::<u64>().unwrap()
+            })
+            .unwrap();
+        let text = std::fs::read_to_string(newest).unwrap();
+        let header = format!("[CFOptions \"{cf_name}\"]");
+        let section = &text[text.find(&header).unwrap() + header.len()..];
+        section[..section.find("\n[").unwrap_or(section.len())].to_string()
+    }
+
+    #[test]
+    fn only_the_dedup_index_moves_non_overlapping_runs_instead_of_rewriting_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let _db = open(dir.path()).unwrap();
+        let dedup = options_section(dir.path(), CF_DEDUP);
+        assert!(dedup.contains("compaction_style=kCompactionStyleUniversal"), "{dedup}");
+        assert!(dedup.contains("allow_trivial_move=true"), "{dedup}");
+        assert!(!options_section(dir.path(), CF_LOG).contains("allow_trivial_move=true"));
     }
 }
