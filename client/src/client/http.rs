@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::TrySendError;
 use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, LOCATION, USER_AGENT};
 use hyper::{Method, Request, Uri};
 use url::{Position, Url};
@@ -103,15 +102,6 @@ impl Target {
     }
 }
 
-/// The error of a refused request: `Ok` when none of the request was written, so the node
-/// cannot have seen it.
-fn sent_none_of_it(mut refused: TrySendError<Request<Full<Bytes>>>) -> Result<hyper::Error, hyper::Error> {
-    match refused.take_message() {
-        Some(_) => Ok(refused.into_error()),
-        None => Err(refused.into_error()),
-    }
-}
-
 /// Keep-alive connections to every node, shared by the clones of one client.
 #[derive(Clone, Debug)]
 pub(crate) struct Http {
@@ -134,32 +124,30 @@ impl Http {
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let target = Target::of(url)?;
-        let request = || {
-            let mut request = Request::builder()
-                .method(method.clone())
-                .uri(target.path.clone())
-                .header(HOST, target.host.clone())
-                .header(USER_AGENT, CLIENT_USER_AGENT);
-            if body.is_some() {
-                request = request.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            }
-            request
-                .body(Full::new(body.clone().unwrap_or_default()))
-                .map_err(|_| HttpError::Url { url: url.to_string() })
-        };
+        let mut request = Request::builder()
+            .method(method)
+            .uri(target.path.clone())
+            .header(HOST, target.host.clone())
+            .header(USER_AGENT, CLIENT_USER_AGENT);
+        if body.is_some() {
+            request = request.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let request =
+            request.body(Full::new(body.unwrap_or_default())).map_err(|_| HttpError::Url { url: url.to_string() })?;
         match tokio::time::timeout(timeout, self.exchange(&target, request, url)).await {
             Ok(answer) => answer,
             Err(_) => Err(HttpError::Timeout { url: url.to_string(), after: timeout }),
         }
     }
 
-    /// Sends `request()` on an idle connection to the node, or a new one. A pooled connection
-    /// the node closed while it sat idle refuses the request before writing any of it; then
-    /// the next one is tried, and only a new connection's refusal is an error.
+    /// Sends `request` on an idle connection to the node, or a new one. A pooled connection
+    /// the node closed while it sat idle refuses the request before writing any of it and
+    /// hands it back; then the next one is tried, and only a new connection's refusal is an
+    /// error.
     async fn exchange(
         &self,
         target: &Target,
-        request: impl Fn() -> Result<Request<Full<Bytes>>, HttpError>,
+        mut request: Request<Full<Bytes>>,
         url: &Url,
     ) -> Result<Answer, HttpError> {
         let unsent = |source: BoxError| HttpError::Connect { url: url.to_string(), source };
@@ -174,13 +162,17 @@ impl Http {
                     false => return Err(unsent("the connection closed before the request was sent".into())),
                 }
             }
-            let sent = connection.sender.try_send_request(request()?);
+            let sent = connection.sender.try_send_request(request);
             let response = match connection.drive(sent).await {
                 Ok(response) => response,
-                Err(e) => match sent_none_of_it(e) {
-                    Ok(_) if pooled => continue,
-                    Ok(source) => return Err(unsent(Box::new(source))),
-                    Err(source) => return Err(HttpError::Send { url: url.to_string(), source }),
+                // hyper hands the request back only when it wrote none of it.
+                Err(mut refused) => match refused.take_message() {
+                    Some(again) if pooled => {
+                        request = again;
+                        continue;
+                    }
+                    Some(_) => return Err(unsent(Box::new(refused.into_error()))),
+                    None => return Err(HttpError::Send { url: url.to_string(), source: refused.into_error() }),
                 },
             };
             let status = response.status().as_u16();

@@ -139,6 +139,7 @@ impl Pool {
                 !list.is_empty()
             });
         }
+        // Looked up before `entry`, which would allocate the key on every request.
         let list = match idle.by_node.get_mut(authority) {
             Some(list) => list,
             None => idle.by_node.entry(authority.to_string()).or_default(),
