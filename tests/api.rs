@@ -33,6 +33,19 @@ async fn wait_applied(url: &str, topic: &str, sequence: u64) {
     .await
 }
 
+/// Waits until `url` lists `subscriber` of `topic` with `sequence` acked; returns the entry.
+async fn wait_acked(url: &str, topic: &str, subscriber: &str, sequence: u64) -> Value {
+    wait_until("ack listed", Duration::from_secs(10), || async {
+        let (_, b) = http::get_json(&format!("{url}/topics/{topic}/subscribers")).await.ok()?;
+        b["subscribers"]
+            .as_array()?
+            .iter()
+            .find(|s| s["subscriber_id"] == subscriber && s["acked_sequence"] == sequence)
+            .cloned()
+    })
+    .await
+}
+
 async fn ws_connect(url: &str, path: &str) -> Ws {
     let ws_url = format!("{}{path}", url.replacen("http://", "ws://", 1));
     tokio_tungstenite::connect_async(ws_url).await.expect("websocket connects").0
@@ -328,20 +341,11 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
 
     // Acks are recorded cluster-wide and resume with cursor=acked.
     ws.send(Message::Text(r#"{"type":"ack","sequence":3}"#.into())).await.unwrap();
-    let listed = wait_until("ack recorded", Duration::from_secs(10), || async {
-        let (_, b) = http::get_json(&format!("{l}/topics/t/subscribers")).await.ok()?;
-        let subs = b["subscribers"].as_array()?.clone();
-        subs.iter().find(|s| s["subscriber_id"] == "sub-1" && s["acked_sequence"] == 3).cloned()
-    })
-    .await;
+    let listed = wait_acked(&l, "t", "sub-1", 3).await;
     assert_eq!(listed["lag"], 1);
     // The follower applies the ack entry a little after the leader; `cursor=acked` resolves
     // against the applied state of the node it is given to.
-    wait_until("ack applied on the follower", Duration::from_secs(10), || async {
-        let (_, b) = http::get_json(&format!("{f}/topics/t/subscribers")).await.ok()?;
-        b["subscribers"].as_array()?.iter().find(|s| s["subscriber_id"] == "sub-1" && s["acked_sequence"] == 3).cloned()
-    })
-    .await;
+    wait_acked(&f, "t", "sub-1", 3).await;
     let mut again = ws_connect(&f, "/topics/t/subscribe?subscriber_id=sub-1&cursor=acked").await;
     assert_eq!(next_frame(&mut again).await["cursor"], 3);
     assert_eq!(next_frame(&mut again).await["sequence"], 4);
