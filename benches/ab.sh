@@ -17,11 +17,10 @@ shift 4
 source "$(dirname "$0")/local_cluster.sh"
 cluster_start "$NODE"
 "$GEN" "${CLUSTER_SERVERS[@]}" --json topics create bench >/dev/null
-cpu() { for p in "${CLUSTER_PIDS[@]}"; do awk '{printf "%.2f ", ($14 + $15) / 100}' "/proc/$p/stat"; done; }
-before=$(cpu)
+before=$(cluster_cpu)
 TIMEFORMAT='%U %S'
 { time "$GEN" "${CLUSTER_SERVERS[@]}" --json bench --topic bench "$@" >"$CLUSTER_DIR/out" 2>/dev/null; } 2>"$CLUSTER_DIR/gen_cpu"
-after=$(cpu)
+after=$(cluster_cpu)
 rss=$(for p in "${CLUSTER_PIDS[@]}"; do awk '/VmRSS/ {printf "%d ", $2 / 1024}' "/proc/$p/status"; done)
 python3 - "$LABEL" "$(tail -1 "$CLUSTER_DIR/out")" "$before" "$after" "$(cat "$CLUSTER_DIR/gen_cpu")" "$rss" <<'PY'
 import json, sys

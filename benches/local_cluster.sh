@@ -32,3 +32,9 @@ cluster_start() {
     echo "no leader elected within 30 s" >&2
     return 1
 }
+
+# cluster_cpu: each node's CPU seconds so far (user + system), in node order.
+cluster_cpu() {
+    local p
+    for p in "${CLUSTER_PIDS[@]}"; do awk '{printf "%.2f ", ($14 + $15) / 100}' "/proc/$p/stat"; done
+}

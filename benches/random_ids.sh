@@ -26,11 +26,10 @@ done = function(summary)
   io.write(string.format("batches %d, non-2xx %d\n", summary.requests, summary.errors.status))
 end
 LUA
-cpu() { for p in "${CLUSTER_PIDS[@]}"; do awk '{printf "%.2f ", ($14 + $15) / 100}' "/proc/$p/stat"; done; }
-before=$(cpu)
+before=$(cluster_cpu)
 out=$(wrk -t2 -c16 -d"${SECS}s" --timeout 10s -s "$CLUSTER_DIR/batch.lua" \
     "http://127.0.0.1:1908$CLUSTER_LEADER/topics/bench/messages/batch")
-after=$(cpu)
+after=$(cluster_cpu)
 compactions=$(for n in 1 2 3; do
     grep -h '"event": "compaction_finished"' "$CLUSTER_DIR/n$n/db/LOG" | python3 -c '
 import json, sys
