@@ -1,5 +1,6 @@
-# Sourced by benches/ab.sh and benches/restart.sh: a fresh 3-node cluster of ours on
-# 127.0.0.1:19081-19083, data and logs under $CLUSTER_DIR, stopped and removed on exit.
+# Sourced by benches/ab.sh, benches/restart.sh and benches/random_ids.sh: a fresh 3-node
+# cluster of ours on 127.0.0.1:19081-19083, data and logs under $CLUSTER_DIR, stopped and
+# removed on exit.
 # NODE_ENV="env TOKIO_WORKER_THREADS=1" puts an environment in front of each node.
 
 CLUSTER_PEERS="1=127.0.0.1:19081,2=127.0.0.1:19082,3=127.0.0.1:19083"
