@@ -8,7 +8,8 @@
 //! Publishes to one topic that follow each other in the queue are merged into one
 //! multi-message publish first (see [`pack`]). A write that arrives alone is proposed alone, so
 //! a lone client pays no extra latency. At most [`PROPOSALS_IN_FLIGHT_MAX`] entries are in
-//! flight; the next batch fills while they commit.
+//! flight; the next batch fills while they commit. After an entry of concurrent writers the
+//! next one waits briefly for them to write again ([`linger_target`], [`PROPOSAL_LINGER`]).
 
 use std::sync::Arc;
 
@@ -16,10 +17,11 @@ use openraft::error::{ClientWriteError, RaftError};
 use raft_store::typ::Raft;
 use raft_store::{NewMessage, Node, NodeId, Request, Response};
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
 use crate::limits::{
-    PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN,
-    PROPOSAL_REQUESTS_MAX,
+    PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
+    PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX,
 };
 
 /// A committed and applied write.
@@ -74,25 +76,76 @@ impl Proposer {
 
 async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
     let permits = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
-    while let Some(first) = rx.recv().await {
+    // Writes the previous entry carried.
+    let mut previous = 0;
+    loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        // Everything that queued while the previous entries were in flight goes in this one.
-        let mut bytes = first.request.approx_bytes();
-        let mut batch = vec![first];
-        while batch.len() < PROPOSAL_REQUESTS_MAX && bytes < PROPOSAL_BYTES_MAX {
-            match rx.try_recv() {
-                Ok(next) => {
-                    bytes += next.request.approx_bytes();
-                    batch.push(next);
+        // What waited while the previous entry was in flight; its own writers are answered
+        // now and, under a closed-loop load, write again within a round trip.
+        let waiting = rx.len();
+        let Some(first) = rx.recv().await else { return };
+        let mut batch = Batch::new(first);
+        batch.take_queued(&mut rx);
+        if let Some(target) = linger_target(previous, waiting) {
+            // Without this wait the next entry would hold only what waited, and the previous
+            // entry's writers the one after: two groups alternating, each paying every node a
+            // whole round. Waiting a little makes them one entry.
+            let deadline = Instant::now() + PROPOSAL_LINGER;
+            while !batch.is_full() && batch.writes.len() < target {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(next)) => {
+                        batch.push(next);
+                        batch.take_queued(&mut rx);
+                    }
+                    Ok(None) | Err(_) => break,
                 }
-                Err(_) => break,
             }
         }
+        previous = batch.writes.len();
         let raft = raft.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            propose(&raft, batch).await;
+            propose(&raft, batch.writes).await;
         });
+    }
+}
+
+/// How many writes the next entry waits for (up to [`PROPOSAL_LINGER`]): those that waited
+/// for the previous entry plus as many as it carried. `None` when the previous entry was too
+/// small to show concurrent writers, so a lone or occasional writer never waits.
+fn linger_target(previous: usize, waiting: usize) -> Option<usize> {
+    (previous >= PROPOSAL_LINGER_MIN_WRITES).then(|| (previous + waiting).min(PROPOSAL_REQUESTS_MAX))
+}
+
+/// The writes of the next entry, bounded by [`PROPOSAL_REQUESTS_MAX`] and
+/// [`PROPOSAL_BYTES_MAX`].
+struct Batch {
+    writes: Vec<Pending>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn new(first: Pending) -> Batch {
+        Batch { bytes: first.request.approx_bytes(), writes: vec![first] }
+    }
+
+    fn is_full(&self) -> bool {
+        self.writes.len() >= PROPOSAL_REQUESTS_MAX || self.bytes >= PROPOSAL_BYTES_MAX
+    }
+
+    fn push(&mut self, next: Pending) {
+        self.bytes += next.request.approx_bytes();
+        self.writes.push(next);
+    }
+
+    /// Adds what is queued already, without waiting.
+    fn take_queued(&mut self, rx: &mut mpsc::Receiver<Pending>) {
+        while !self.is_full() {
+            match rx.try_recv() {
+                Ok(next) => self.push(next),
+                Err(_) => break,
+            }
+        }
     }
 }
 
@@ -285,6 +338,17 @@ mod tests {
             }
             _ => vec![],
         }
+    }
+
+    #[test]
+    fn only_an_entry_of_concurrent_writers_makes_the_next_one_wait_for_them() {
+        use crate::limits::{PROPOSAL_LINGER_MIN_WRITES as MIN, PROPOSAL_REQUESTS_MAX as MAX};
+        assert_eq!(linger_target(0, 0), None, "the first write is proposed at once");
+        assert_eq!(linger_target(1, 0), None, "a lone writer never waits");
+        assert_eq!(linger_target(MIN - 1, 50), None);
+        assert_eq!(linger_target(MIN, 0), Some(MIN));
+        assert_eq!(linger_target(16, 8), Some(24), "what waited and the previous entry's writers");
+        assert_eq!(linger_target(MAX, MAX), Some(MAX));
     }
 
     #[test]
