@@ -44,10 +44,12 @@ pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
 /// Longest the proposer waits for the writers of the previous entry to write again (see
-/// `propose.rs`), and the entry size from which it does: below it, writers are not many
-/// enough to be worth any wait.
-pub const PROPOSAL_LINGER: Duration = Duration::from_micros(300);
+/// `propose.rs`), the entry size from which it does (below it, writers are not many enough
+/// to be worth any wait), and the entries it proposes without waiting after a wait that did
+/// not pay (the writers did not come back: an open-loop load, whose latency it only adds to).
+pub const PROPOSAL_LINGER: Duration = Duration::from_micros(600);
 pub const PROPOSAL_LINGER_MIN_WRITES: usize = 4;
+pub const PROPOSAL_LINGER_OFF_ENTRIES: usize = 16;
 /// Messages one command may hold when the proposer merges publishes to the same topic into
 /// it (`propose.rs`): no more than a batch publish holds.
 pub const PROPOSAL_MERGED_MESSAGES_MAX: usize = BATCH_MESSAGES_MAX;

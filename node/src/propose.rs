@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::limits::{
     PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
-    PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX,
+    PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX,
 };
 
 /// A committed and applied write.
@@ -78,6 +78,8 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
     let permits = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
     // Writes the previous entry carried.
     let mut previous = 0;
+    // Entries left to propose without waiting, after a wait that did not pay.
+    let mut no_wait = 0;
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         // What waited while the previous entry was in flight; its own writers are answered
@@ -86,20 +88,27 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         let Some(first) = rx.recv().await else { return };
         let mut batch = Batch::new(first);
         batch.take_queued(&mut rx);
-        if let Some(target) = linger_target(previous, waiting) {
-            // Without this wait the next entry would hold only what waited, and the previous
-            // entry's writers the one after: two groups alternating, each paying every node a
-            // whole round. Waiting a little makes them one entry.
-            let deadline = Instant::now() + PROPOSAL_LINGER;
-            while !batch.is_full() && batch.writes.len() < target {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(next)) => {
-                        batch.push(next);
-                        batch.take_queued(&mut rx);
+        match linger_target(previous, waiting) {
+            Some(target) if no_wait == 0 => {
+                // Without this wait the next entry would hold only what waited, and the
+                // previous entry's writers the one after: two groups alternating, each paying
+                // every node a whole round. Waiting a little makes them one entry.
+                let before = batch.writes.len();
+                let deadline = Instant::now() + PROPOSAL_LINGER;
+                while !batch.is_full() && batch.writes.len() < target {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(next)) => {
+                            batch.push(next);
+                            batch.take_queued(&mut rx);
+                        }
+                        Ok(None) | Err(_) => break,
                     }
-                    Ok(None) | Err(_) => break,
+                }
+                if !lingering_paid(target.saturating_sub(before), batch.writes.len() - before, batch.is_full()) {
+                    no_wait = PROPOSAL_LINGER_OFF_ENTRIES;
                 }
             }
+            _ => no_wait = no_wait.saturating_sub(1),
         }
         previous = batch.writes.len();
         let raft = raft.clone();
@@ -115,6 +124,13 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
 /// small to show concurrent writers, so a lone or occasional writer never waits.
 fn linger_target(previous: usize, waiting: usize) -> Option<usize> {
     (previous >= PROPOSAL_LINGER_MIN_WRITES).then(|| (previous + waiting).min(PROPOSAL_REQUESTS_MAX))
+}
+
+/// Whether a wait for `awaited` more writes paid: it filled the entry, or at least half of
+/// them came. When they do not, the writers are not answering entries with new writes (an
+/// open-loop load, a paced publisher): waiting only adds latency, so it stops for a while.
+fn lingering_paid(awaited: usize, gathered: usize, full: bool) -> bool {
+    full || gathered * 2 >= awaited
 }
 
 /// The writes of the next entry, bounded by [`PROPOSAL_REQUESTS_MAX`] and
@@ -349,6 +365,16 @@ mod tests {
         assert_eq!(linger_target(MIN, 0), Some(MIN));
         assert_eq!(linger_target(16, 8), Some(24), "what waited and the previous entry's writers");
         assert_eq!(linger_target(MAX, MAX), Some(MAX));
+    }
+
+    #[test]
+    fn a_wait_pays_when_it_fills_the_entry_or_half_of_the_awaited_writes_come() {
+        assert!(lingering_paid(16, 16, false));
+        assert!(lingering_paid(16, 8, false));
+        assert!(!lingering_paid(16, 7, false), "an open-loop load: the writers did not come");
+        assert!(!lingering_paid(4, 0, false));
+        assert!(lingering_paid(16, 1, true), "the entry is full: nothing more to wait for");
+        assert!(lingering_paid(0, 0, false));
     }
 
     #[test]
