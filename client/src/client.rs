@@ -169,8 +169,8 @@ pub struct Client {
 }
 
 /// The body of a batch publish, serialized straight from the caller's messages: `json!`
-/// would first copy every payload into a new tree (the load generator's top cost in a
-/// batch run, hashing included).
+/// would first copy every payload into a new tree, hashing its keys (about 40 % of the load
+/// generator's CPU in a batch-1000 run: 0.79–0.91 s before, 0.46–0.51 s after).
 #[derive(serde::Serialize)]
 struct BatchBody<'a> {
     messages: &'a [NewMessage],

@@ -88,23 +88,12 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         let Some(first) = rx.recv().await else { return };
         let mut batch = Batch::new(first);
         batch.take_queued(&mut rx);
+        // Without a wait the next entry would hold only what waited, and the previous entry's
+        // writers the one after: two groups alternating, each paying every node a whole
+        // round. Waiting a little makes them one entry.
         match linger_target(previous, waiting) {
             Some(target) if no_wait == 0 => {
-                // Without this wait the next entry would hold only what waited, and the
-                // previous entry's writers the one after: two groups alternating, each paying
-                // every node a whole round. Waiting a little makes them one entry.
-                let before = batch.writes.len();
-                let deadline = Instant::now() + PROPOSAL_LINGER;
-                while !batch.is_full() && batch.writes.len() < target {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(next)) => {
-                            batch.push(next);
-                            batch.take_queued(&mut rx);
-                        }
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                if !lingering_paid(target.saturating_sub(before), batch.writes.len() - before, batch.is_full()) {
+                if !batch.linger(&mut rx, target).await {
                     no_wait = PROPOSAL_LINGER_OFF_ENTRIES;
                 }
             }
@@ -162,6 +151,23 @@ impl Batch {
                 Err(_) => break,
             }
         }
+    }
+
+    /// Waits up to [`PROPOSAL_LINGER`] until the batch holds `target` writes or is full;
+    /// returns whether the wait paid ([`lingering_paid`]).
+    async fn linger(&mut self, rx: &mut mpsc::Receiver<Pending>, target: usize) -> bool {
+        let before = self.writes.len();
+        let deadline = Instant::now() + PROPOSAL_LINGER;
+        while !self.is_full() && self.writes.len() < target {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(next)) => {
+                    self.push(next);
+                    self.take_queued(rx);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        lingering_paid(target.saturating_sub(before), self.writes.len() - before, self.is_full())
     }
 }
 
