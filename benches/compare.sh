@@ -43,7 +43,8 @@
 #                               publishing); a fanout run gets N/R + 30 s
 #   PORT_BASE=29000             ports PORT_BASE+80.. (ours), +220.. (NATS), +379.. (etcd), +400 (edge)
 #   ROUNDS=1                    repeat everything; the order of the systems rotates each
-#                               round and the tables keep each cell's best run (highest
+#                               round, every round starts each system on empty data
+#                               directories, and the tables keep each cell's best run (highest
 #                               msgs/s; fanout: lowest deliver p99) (use 3 on a shared,
 #                               noisy machine)
 #   KEEP_DATA=1                 keep the temporary data directory
@@ -257,6 +258,9 @@ publish_runs() {
 run_ours() {
     local peers="" i urls=()
     for i in 1 2 3; do peers+="${peers:+,}$i=127.0.0.1:$((PB + 80 + i))"; urls+=(-s "http://127.0.0.1:$((PB + 80 + i))"); done
+    # Every round starts every system on empty data directories, so rounds measure the same
+    # thing (a restart on the previous round's data made ours pay for compactions of it).
+    rm -rf "$WORK/ours"
     for i in 1 2 3; do
         mkdir -p "$WORK/ours/n$i"
         spawn "ours-$i" "$BIN/pubsub-node" --id "$i" --listen "127.0.0.1:$((PB + 80 + i))" \
@@ -308,6 +312,7 @@ run_ours() {
 run_nats() {
     have_pkg nats-server nats-server || { note "nats: package nats-server not installable, skipped"; SKIPPED+=" nats"; return; }
     local i j routes servers=""
+    rm -rf "$WORK/nats"
     for i in 1 2 3; do
         routes=""
         for j in 1 2 3; do [ "$j" = "$i" ] || routes+="${routes:+,}nats://127.0.0.1:$((PB + 230 + j))"; done
@@ -354,6 +359,7 @@ run_etcd() {
     section publish || return 0
     have_pkg etcd etcd-server || { note "etcd: package etcd-server not installable, skipped"; SKIPPED+=" etcd"; return; }
     local i cluster="" servers=""
+    rm -rf "$WORK/etcd"
     for i in 1 2 3; do cluster+="${cluster:+,}e$i=http://127.0.0.1:$((PB + 380 + 2 * i))"; done
     for i in 1 2 3; do
         local cport=$((PB + 379 + 2 * i)) pport=$((PB + 380 + 2 * i))
