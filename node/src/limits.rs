@@ -49,7 +49,7 @@ pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
 /// not pay (the writers did not come back: an open-loop load, whose latency it only adds to).
 /// tokio's timer rounds a deadline up to its next millisecond tick, so the longest wait is
 /// 1–2 ms. Against 600 µs (0.6–1.6 ms) it gathered 58–62 writes per entry at HTTP 8 × 8
-/// instead of 40–44, for 8.7 % more msgs/s in 6 of 6 pairs; C=16, batch and fan-out the same
+/// instead of 40–46, for 8.6 % more msgs/s in 6 of 6 pairs; C=16, batch and fan-out the same
 /// (docs/BENCHMARKS.md).
 pub const PROPOSAL_LINGER: Duration = Duration::from_millis(1);
 pub const PROPOSAL_LINGER_MIN_WRITES: usize = 4;
