@@ -258,9 +258,6 @@ publish_runs() {
 run_ours() {
     local peers="" i urls=()
     for i in 1 2 3; do peers+="${peers:+,}$i=127.0.0.1:$((PB + 80 + i))"; urls+=(-s "http://127.0.0.1:$((PB + 80 + i))"); done
-    # Every round starts every system on empty data directories, so rounds measure the same
-    # thing (a restart on the previous round's data made ours pay for compactions of it).
-    rm -rf "$WORK/ours"
     for i in 1 2 3; do
         mkdir -p "$WORK/ours/n$i"
         spawn "ours-$i" "$BIN/pubsub-node" --id "$i" --listen "127.0.0.1:$((PB + 80 + i))" \
@@ -312,7 +309,6 @@ run_ours() {
 run_nats() {
     have_pkg nats-server nats-server || { note "nats: package nats-server not installable, skipped"; SKIPPED+=" nats"; return; }
     local i j routes servers=""
-    rm -rf "$WORK/nats"
     for i in 1 2 3; do
         routes=""
         for j in 1 2 3; do [ "$j" = "$i" ] || routes+="${routes:+,}nats://127.0.0.1:$((PB + 230 + j))"; done
@@ -359,7 +355,6 @@ run_etcd() {
     section publish || return 0
     have_pkg etcd etcd-server || { note "etcd: package etcd-server not installable, skipped"; SKIPPED+=" etcd"; return; }
     local i cluster="" servers=""
-    rm -rf "$WORK/etcd"
     for i in 1 2 3; do cluster+="${cluster:+,}e$i=http://127.0.0.1:$((PB + 380 + 2 * i))"; done
     for i in 1 2 3; do
         local cport=$((PB + 379 + 2 * i)) pport=$((PB + 380 + 2 * i))
@@ -399,6 +394,9 @@ for ((r = 0; r < ROUNDS; r++)); do
         s=${SYS[$(((q + r) % ${#SYS[@]}))]}
         case " $SKIPPED " in *" $s "*) continue ;; esac
         [ "$ROUNDS" -eq 1 ] || log "round $((r + 1))/$ROUNDS: $s"
+        # Every round starts each system on empty data directories, so rounds measure the same
+        # thing (a restart on the previous round's data made ours pay for compacting it).
+        rm -rf "${WORK:?}/$s"
         case $s in
             ours) run_ours ;;
             nats) run_nats ;;

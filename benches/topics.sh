@@ -32,12 +32,16 @@ for phase in $(seq "$PHASES"); do
     wait "${gens[@]}"
     ended=$(date +%s.%N)
     after=$(cluster_cpu)
-    python3 - "$phase" "$((TOPICS * MESSAGES))" "$began" "$ended" "$before" "$after" <<'PY'
-import sys
-phase, total, began, ended = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-cpu = [b - a for a, b in zip(map(float, sys.argv[5].split()), map(float, sys.argv[6].split()))]
-print(f"phase {phase}: {total / (ended - began):,.0f} msgs/s, node CPU {[round(c, 2) for c in cpu]} s, "
-      f"{sum(cpu) * 1e6 / total:.1f} µs per message")
+    python3 - "$phase" "$began" "$ended" "$before" "$after" "$CLUSTER_DIR"/gen*.out <<'PY'
+import json, sys
+phase, began, ended, before, after, outputs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), \
+    sys.argv[4], sys.argv[5], sys.argv[6:]
+# Each generator's last line is its report: count what the cluster acknowledged, not what was asked.
+reports = [json.loads(open(path).read().strip().splitlines()[-1]) for path in outputs]
+acked, errors = sum(r["messages"] for r in reports), sum(r["errors"] for r in reports)
+cpu = [b - a for a, b in zip(map(float, before.split()), map(float, after.split()))]
+print(f"phase {phase}: {acked / (ended - began):,.0f} msgs/s, {acked:,} acknowledged, {errors} failed, "
+      f"node CPU {[round(c, 2) for c in cpu]} s, {sum(cpu) * 1e6 / max(acked, 1):.1f} µs per message")
 PY
 done
 
