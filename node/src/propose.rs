@@ -17,7 +17,6 @@ use openraft::error::{ClientWriteError, RaftError};
 use raft_store::typ::Raft;
 use raft_store::{NewMessage, Node, NodeId, Request, Response};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio::time::Instant;
 
 use crate::limits::{
     PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
@@ -157,14 +156,20 @@ impl Batch {
     /// returns whether the wait paid ([`lingering_paid`]).
     async fn linger(&mut self, rx: &mut mpsc::Receiver<Pending>, target: usize) -> bool {
         let before = self.writes.len();
-        let deadline = Instant::now() + PROPOSAL_LINGER;
+        // One timer for the whole wait, not one registered and dropped per write received.
+        let deadline = tokio::time::sleep(PROPOSAL_LINGER);
+        tokio::pin!(deadline);
         while !self.is_full() && self.writes.len() < target {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(next)) => {
-                    self.push(next);
-                    self.take_queued(rx);
-                }
-                Ok(None) | Err(_) => break,
+            tokio::select! {
+                biased;
+                next = rx.recv() => match next {
+                    Some(next) => {
+                        self.push(next);
+                        self.take_queued(rx);
+                    }
+                    None => break,
+                },
+                () = &mut deadline => break,
             }
         }
         lingering_paid(target.saturating_sub(before), self.writes.len() - before, self.is_full())
