@@ -255,6 +255,18 @@ publish_runs() {
 }
 
 # ---------------------------------------------------------------- ours
+# slow_fsyncs: each of our nodes' log fsyncs so far that took over 12.8 ms (from /metrics):
+# a disk stall holds every commit behind it, and shows in a fan-out's tail.
+slow_fsyncs() {
+    local i
+    for i in 1 2 3; do
+        curl -sf "http://127.0.0.1:$((PB + 80 + i))/metrics" | awk '
+            /^pubsub_log_fsync_seconds_count / { count = $2 }
+            /^pubsub_log_fsync_seconds_bucket\{le="0.0128"\} / { fast = $2 }
+            END { printf "%d ", count - fast }'
+    done
+}
+
 run_ours() {
     local peers="" i urls=()
     for i in 1 2 3; do peers+="${peers:+,}$i=127.0.0.1:$((PB + 80 + i))"; urls+=(-s "http://127.0.0.1:$((PB + 80 + i))"); done
@@ -265,7 +277,7 @@ run_ours() {
     done
     leader_known() { curl -sf "http://127.0.0.1:$((PB + 81))/cluster" | grep -q '"leader_id":"node-'; }
     wait_for 60 "our leader" leader_known || { note "ours: no leader within 60 s, skipped"; stop_all; return; }
-    local k c n p f x
+    local k c n p f x slow_before
     if section publish; then publish_runs ours "${urls[@]}"; fi
     if section ws; then
         for k in "${!WS_CS[@]}"; do
@@ -296,10 +308,12 @@ run_ours() {
             fanout_run "$x"
             "$BIN/pubsub" "${urls[@]}" --json topics create "fanout-k$FK-r$FR" >/dev/null 2>&1 || true
             log "ours fanout: $FK subscribers, 1 $FANOUT_TRANSPORT publisher at $FR msgs/s, $FN messages"
+            slow_before=$(slow_fsyncs)
             run_gen ours $((FN / FR + 210)) "$BIN/pubsub" "${urls[@]}" --json bench --transport "$FANOUT_TRANSPORT" \
                 --publishers 1 --inflight 64 --subscribers "$FK" --rate "$FR" --messages "$FN" \
                 --payload-bytes "$PAYLOAD" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
             record_fanout ours "$FK" "$FR" "$FN" "$LINE"
+            log "ours fanout K=$FK R=$FR: log fsyncs over 12.8 ms so far, nodes 1-3: $(slow_fsyncs)(before this run: $slow_before)"
         done
     fi
     stop_all

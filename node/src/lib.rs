@@ -37,6 +37,7 @@ use raft_store::{Node, Request};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
+use crate::metrics::Metrics;
 pub use crate::config::{Config, ConfigError, Flags};
 pub use crate::net::Env;
 use crate::raft::network::{Network, PeerPool};
@@ -67,6 +68,8 @@ where
     let store = raft_store::open_with(&config.data_dir, config.io_mode)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
     store.log_store.set_node_id(config.id);
+    let metrics = Metrics::default();
+    store.log_store.observe_fsyncs(metrics.fsync_observer());
     let committed_index = store.log_store.committed_index();
     let store_closed = store.closed;
     let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)
@@ -86,7 +89,7 @@ where
         committed_index,
         env,
         peers,
-        metrics: Default::default(),
+        metrics,
         acks: Default::default(),
         frames: Default::default(),
         inflight: Mutex::new(HashSet::new()),

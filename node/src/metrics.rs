@@ -2,6 +2,7 @@
 //! things happen; gauges that mirror Raft or topic state are refreshed when scraped.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,11 +12,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use raft_store::FsyncObserver;
+
 use crate::app::App;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabel {
     pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowerLabel {
+    pub follower: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,6 +68,23 @@ pub struct Metrics {
     last_applied: Gauge<u64, AtomicU64>,
     is_leader: Gauge,
     topic_sequence: Family<TopicLabel, Gauge<u64, AtomicU64>>,
+    log_io: LogIoMetrics,
+    last_log_index: Gauge<u64, AtomicU64>,
+    follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
+}
+
+/// What the log store reports of its fsyncs ([`FsyncObserver`]).
+#[derive(Clone)]
+struct LogIoMetrics {
+    fsync_seconds: Histogram,
+    fsynced_appends: Counter,
+}
+
+impl FsyncObserver for LogIoMetrics {
+    fn log_fsynced(&self, appends: usize, elapsed: Duration) {
+        self.fsync_seconds.observe(elapsed.as_secs_f64());
+        self.fsynced_appends.inc_by(appends as u64);
+    }
 }
 
 impl Default for Metrics {
@@ -88,6 +113,29 @@ impl Default for Metrics {
         registry.register("raft_is_leader", "1 when this node is the leader", is_leader.clone());
         let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
         registry.register("topic_current_sequence", "Last sequence assigned, per topic", topic_sequence.clone());
+        // 50 µs .. ~1.6 s: a healthy disk sits in the first few buckets.
+        let log_io = LogIoMetrics {
+            fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            fsynced_appends: Counter::default(),
+        };
+        registry.register(
+            "log_fsync_seconds",
+            "Time of each fsync that made Raft log appends durable",
+            log_io.fsync_seconds.clone(),
+        );
+        registry.register(
+            "log_fsynced_appends",
+            "Raft log appends made durable; per fsync (divided by log_fsync_seconds_count) it measures group commit",
+            log_io.fsynced_appends.clone(),
+        );
+        let last_log_index = Gauge::<u64, AtomicU64>::default();
+        registry.register("raft_last_log_index", "Last index in this node's Raft log", last_log_index.clone());
+        let follower_lag = Family::<FollowerLabel, Gauge<u64, AtomicU64>>::default();
+        registry.register(
+            "raft_follower_lag_entries",
+            "On the leader: log entries each follower has yet to confirm",
+            follower_lag.clone(),
+        );
         Self {
             registry,
             publishes,
@@ -100,6 +148,9 @@ impl Default for Metrics {
             last_applied,
             is_leader,
             topic_sequence,
+            log_io,
+            last_log_index,
+            follower_lag,
         }
     }
 }
@@ -107,6 +158,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn observe_commit(&self, elapsed: Duration) {
         self.commit_latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// What the log store calls after each fsync of its appends.
+    pub fn fsync_observer(&self) -> Arc<dyn FsyncObserver> {
+        Arc::new(self.log_io.clone())
     }
 
     pub fn count_publish(&self, outcome: Outcome, n: u64) {
@@ -121,6 +177,13 @@ impl Metrics {
             self.raft_term.set(m.current_term);
             self.last_applied.set(m.last_applied.map(|l| l.index).unwrap_or(0));
             self.is_leader.set(i64::from(m.current_leader == Some(app.id())));
+            let last = m.last_log_index.unwrap_or(0);
+            self.last_log_index.set(last);
+            self.follower_lag.clear();
+            for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
+                let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
+                self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
+            }
         }
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.subscribers.set(app.subscription_count() as i64);

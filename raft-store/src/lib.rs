@@ -37,7 +37,7 @@ pub mod typ;
 pub use command::{NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 pub use error::StoreError;
 pub use feeds::{Feeds, TopicSignal};
-pub use log_store::{IoMode, LogStore};
+pub use log_store::{FsyncObserver, IoMode, LogStore};
 pub use reader::{StoreReader, StoredMessage};
 pub use state_machine::StateMachine;
 pub use typ::{Node, NodeId, TypeConfig};

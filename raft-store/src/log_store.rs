@@ -12,6 +12,7 @@ use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -39,6 +40,23 @@ pub enum IoMode {
     Inline,
 }
 
+/// Told of every fsync that makes log appends durable, for metrics: a slow disk shows here
+/// first, and appends per fsync is the measure of group commit.
+pub trait FsyncObserver: Send + Sync {
+    /// One fsync that took `elapsed` (the write before it included, for an inline append)
+    /// made `appends` calls of `append` durable.
+    fn log_fsynced(&self, appends: usize, elapsed: Duration);
+}
+
+/// The observer, once the node has given one ([`LogStore::observe_fsyncs`]).
+type Observer = Arc<OnceLock<Arc<dyn FsyncObserver>>>;
+
+fn report(observer: &Observer, appends: usize, started: Instant) {
+    if let Some(observer) = observer.get() {
+        observer.log_fsynced(appends, started.elapsed());
+    }
+}
+
 /// The Raft log. Cloning is cheap and clones share everything (the clone is the log reader
 /// replication tasks use).
 #[derive(Clone)]
@@ -53,18 +71,21 @@ pub struct LogStore {
     /// This node's id, once the node has said it ([`LogStore::set_node_id`]): tells its own
     /// entries (it leads) from a leader's it follows.
     node_id: Arc<OnceLock<NodeId>>,
+    observer: Observer,
 }
 
 impl LogStore {
     pub fn new(db: Arc<DB>, sync: IoMode) -> Result<Self, StoreError> {
+        let observer = Observer::default();
         let syncer = match sync {
             IoMode::Inline => None,
             IoMode::Background => {
                 let (queue, pending) = mpsc::channel();
                 let sync_db = db.clone();
+                let sync_observer = observer.clone();
                 let thread = std::thread::Builder::new()
                     .name("log-syncer".into())
-                    .spawn(move || run_syncer(&sync_db, &pending))?;
+                    .spawn(move || run_syncer(&sync_db, &pending, &sync_observer))?;
                 Some(Arc::new(Syncer { queue: Some(queue), thread: Some(thread) }))
             }
         };
@@ -74,6 +95,7 @@ impl LogStore {
             committed_index: Arc::new(AtomicU64::new(0)),
             recent: Arc::new(Mutex::new(RecentEntries::new(RECENT_ENTRIES_BYTES_MAX))),
             node_id: Arc::new(OnceLock::new()),
+            observer,
         };
         if let Some(committed) = store.read_committed_sync()? {
             store.committed_index.store(committed.index, Ordering::Relaxed);
@@ -89,6 +111,12 @@ impl LogStore {
     /// go to the syncer: they group-commit while the entries are already replicating.
     pub fn set_node_id(&self, id: NodeId) {
         let _ = self.node_id.set(id);
+    }
+
+    /// Reports every fsync of appends to `observer` from now on, for every clone. The first
+    /// observer given stays.
+    pub fn observe_fsyncs(&self, observer: Arc<dyn FsyncObserver>) {
+        let _ = self.observer.set(observer);
     }
 
     /// True when `entry` belongs to another node's leadership: this node follows it.
@@ -177,14 +205,13 @@ impl Drop for Syncer {
     }
 }
 
-fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>, observer: &Observer) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
         waiting.extend(queue.try_iter());
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = db.flush_wal(true);
-        // How many appends share each fsync: the measure of group commit (RUST_LOG=raft_store=trace).
-        tracing::trace!(appends = waiting.len(), fsync_us = started.elapsed().as_micros() as u64, "log fsync");
+        report(observer, waiting.len(), started);
         for callback in waiting {
             let outcome = match &result {
                 Ok(()) => Ok(()),
@@ -301,7 +328,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
             }
             None => {
+                let started = Instant::now();
                 let result = self.db.write_opt(batch, &synced()).map_err(|e| std::io::Error::other(e.to_string()));
+                report(&self.observer, 1, started);
                 if result.is_ok() {
                     self.recent().appended(appended);
                 }

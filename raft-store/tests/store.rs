@@ -262,3 +262,43 @@ async fn a_batch_publish_finds_every_kind_of_duplicate() {
     expected.push(results(vec![Duplicate { existing_sequence: 8 }]));
     assert_eq!(r[0], Response::Batch(expected));
 }
+
+/// Counts what the log store reports about its fsyncs.
+#[derive(Default)]
+struct FsyncCount {
+    fsyncs: std::sync::atomic::AtomicUsize,
+    appends: std::sync::atomic::AtomicUsize,
+}
+
+impl raft_store::FsyncObserver for FsyncCount {
+    fn log_fsynced(&self, appends: usize, _elapsed: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.fsyncs.fetch_add(1, Relaxed);
+        self.appends.fetch_add(appends, Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn every_durable_append_is_reported_to_the_fsync_observer() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let seen = std::sync::Arc::new(FsyncCount::default());
+    store.log_store.observe_fsyncs(seen.clone());
+    // The leader's own entries (leader 1 is this node): through the syncer thread.
+    store.log_store.set_node_id(1);
+    store.log_store.blocking_append([entry(1, create("a"))]).await.unwrap();
+    store.log_store.blocking_append([entry(2, publish("a", "x")), entry(3, publish("a", "y"))]).await.unwrap();
+    assert_eq!(seen.appends.load(Relaxed), 2, "two appends made durable");
+    assert!((1..=2).contains(&seen.fsyncs.load(Relaxed)));
+    // Another leader's entries, as a follower: fsynced inline, one fsync each.
+    let follower_dir = tempfile::tempdir().unwrap();
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    let inline = std::sync::Arc::new(FsyncCount::default());
+    follower.log_store.observe_fsyncs(inline.clone());
+    follower.log_store.set_node_id(2);
+    for i in 1..=3 {
+        follower.log_store.blocking_append([entry(i, publish("a", &format!("m{i}")))]).await.unwrap();
+    }
+    assert_eq!((inline.fsyncs.load(Relaxed), inline.appends.load(Relaxed)), (3, 3));
+}
