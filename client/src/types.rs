@@ -132,7 +132,7 @@ pub struct NewMessage {
     /// every retry carries the same id and a retry can never publish twice. Time-ordered
     /// rather than random (v4): every node inserts each id into its dedup index, and ids that
     /// arrive in order land next to the previous insert instead of anywhere in RocksDB's
-    /// memtable (batch publish +30–60 % and a third less node CPU, docs/BENCHMARKS.md).
+    /// memtable (batch publish +30–60 % and a third less node CPU, docs/benchmarks-history.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Any JSON value, at most 1 MiB as compact JSON.

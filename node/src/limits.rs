@@ -38,7 +38,7 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Measured again once the leader stopped waiting for its own fsync before replicating
 /// (vendor/openraft): HTTP C=64 18.5–19.5k with 1 against 17.6–17.8k with 2, but WebSocket
 /// 1×64 30k against 36–37k; and with ids in time order HTTP C=16 10.0–12.3k with 1 against
-/// 9.8–10.7k with 2 (docs/BENCHMARKS.md); one stays.
+/// 9.8–10.7k with 2 (docs/benchmarks-history.md); one stays.
 pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
@@ -50,7 +50,7 @@ pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
 /// tokio's timer rounds a deadline up to its next millisecond tick, so the longest wait is
 /// 1–2 ms. Against 600 µs (0.6–1.6 ms) it gathered 58–62 writes per entry at HTTP 8 × 8
 /// instead of 40–46, for 8.6 % more msgs/s in 6 of 6 pairs; C=16, batch and fan-out the same
-/// (docs/BENCHMARKS.md).
+/// (docs/benchmarks-history.md).
 pub const PROPOSAL_LINGER: Duration = Duration::from_millis(1);
 pub const PROPOSAL_LINGER_MIN_WRITES: usize = 4;
 pub const PROPOSAL_LINGER_OFF_ENTRIES: usize = 16;
