@@ -84,6 +84,15 @@ async fn topics_lifecycle_follows_the_contract() {
     assert!(r.body["created_at"].as_u64().unwrap() > 1_600_000_000_000);
     assert_eq!(r.body["metadata"], json!({"description": "Order events"}));
 
+    // Metadata is stored as given: key order and number spelling survive, whitespace does not.
+    let r = post_raw(&format!("{l}/topics/spelled"), r#"{"metadata": {"z": 1e2, "a": [2.50, -0.0], "retention_messages": 10}}"#)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let text = reqwest::get(format!("{l}/topics/spelled")).await.unwrap().text().await.unwrap();
+    assert!(text.contains(r#""metadata":{"z":1e2,"a":[2.50,-0.0],"retention_messages":10}"#), "{text}");
+    assert_eq!(delete(&format!("{l}/topics/spelled")).await.unwrap().status, 200);
+
     let r = get(&format!("{l}/topics")).await.unwrap();
     assert_eq!(r.body["topics"][0]["name"], "orders");
     assert_eq!(r.body["topics"][0]["message_count"], 0);

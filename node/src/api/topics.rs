@@ -9,10 +9,12 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raft_store::{Request, Response as SmResponse, Retention, TopicRecord};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::input;
+use super::publish::minify;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPIC_BODY_BYTES_MAX};
@@ -24,6 +26,21 @@ fn metadata(record: &TopicRecord) -> Box<RawValue> {
         .as_deref()
         .and_then(|m| RawValue::from_string(m.to_string()).ok())
         .unwrap_or_else(|| RawValue::from_string("{}".into()).unwrap_or_default())
+}
+
+/// The `metadata` object of a creation body as the client wrote it, whitespace between tokens
+/// dropped: key order and number spelling kept (API.md: "stored as given"), which a parsed
+/// `Value` would not keep (`1e2` would come back as `100.0`).
+fn metadata_as_given(body: &[u8]) -> Result<String, ApiError> {
+    #[derive(Deserialize)]
+    struct Creation<'a> {
+        #[serde(borrow)]
+        metadata: &'a RawValue,
+    }
+    let creation: Creation = serde_json::from_slice(body)
+        .map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
+    String::from_utf8(minify(creation.metadata.get()))
+        .map_err(|_| ApiError::InvalidRequest("metadata is not valid UTF-8".into()))
 }
 
 pub fn active(app: &SharedApp, name: &str) -> Result<TopicRecord, ApiError> {
@@ -59,7 +76,7 @@ pub async fn create(
     let parsed: Option<Map<String, Value>> = input::json(&bytes)?;
     let (metadata, retention) = match parsed.as_ref().and_then(|b| b.get("metadata")) {
         None | Some(Value::Null) => (None, Retention::default()),
-        Some(Value::Object(m)) => (Some(Value::Object(m.clone()).to_string()), retention(m)?),
+        Some(Value::Object(m)) => (Some(metadata_as_given(&bytes)?), retention(m)?),
         Some(_) => return Err(ApiError::InvalidRequest("metadata must be a JSON object".into())),
     };
     app.require_leader(&input::path_and_query(&uri))?;
@@ -92,17 +109,29 @@ pub async fn list(State(app): State<SharedApp>) -> Json<Value> {
 pub async fn get(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TopicInfo>, ApiError> {
     let name = input::topic_name(path)?;
     let r = active(&app, &name)?;
-    Ok(Json(json!({
-        "topic": r.name,
-        "message_count": r.message_count(),
-        "current_sequence": r.current_sequence,
-        "first_available_sequence": r.first_sequence,
-        "created_at": r.created_at,
-        "metadata": metadata(&r),
-    })))
+    Ok(Json(TopicInfo {
+        message_count: r.message_count(),
+        current_sequence: r.current_sequence,
+        first_available_sequence: r.first_sequence,
+        created_at: r.created_at,
+        metadata: metadata(&r),
+        topic: r.name,
+    }))
+}
+
+/// `GET /topics/:name`. A struct rather than `json!`, which would parse the metadata into a
+/// `Value` and respell its numbers.
+#[derive(Serialize)]
+pub struct TopicInfo {
+    topic: String,
+    message_count: u64,
+    current_sequence: u64,
+    first_available_sequence: u64,
+    created_at: u64,
+    metadata: Box<RawValue>,
 }
 
 pub async fn delete(
