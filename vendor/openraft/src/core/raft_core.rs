@@ -1530,8 +1530,12 @@ where
             let utime = self.engine.state.vote_last_modified();
             let timer_config = &self.engine.config.timer_config;
 
+            // PATCHED (pubsub-raft): a follower of a leader it no longer hears waits its
+            // election timeout (at least the lease, which is the minimum timeout), not the
+            // lease plus the timeout: with the lease at the maximum timeout that made every
+            // failover take 3 to 4 election timeouts' worth of the minimum before a first vote.
             let mut election_timeout = if current_vote.is_committed() {
-                timer_config.leader_lease + timer_config.election_timeout
+                timer_config.election_timeout.max(timer_config.leader_lease)
             } else {
                 timer_config.election_timeout
             };
@@ -1561,6 +1565,11 @@ where
         self.engine.reset_greater_log();
 
         tracing::info!("do trigger election");
+        // PATCHED (pubsub-raft): a new random timeout for every election, as Raft asks (§5.2),
+        // instead of one drawn at start-up for the node's whole life: two nodes that drew
+        // timeouts a round trip apart would otherwise split their votes again every time.
+        self.engine.config.timer_config.election_timeout =
+            Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
         self.engine.elect();
     }
 

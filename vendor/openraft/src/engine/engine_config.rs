@@ -53,7 +53,11 @@ impl<NID: NodeId> EngineConfig<NID> {
             timer_config: time_state::Config {
                 election_timeout,
                 smaller_log_timeout: Duration::from_millis(config.election_timeout_max * 2),
-                leader_lease: Duration::from_millis(config.election_timeout_max),
+                // PATCHED (pubsub-raft): the lease is the minimum election timeout, not the
+                // maximum, so a follower may start an election once its own random timeout has
+                // passed (see `RaftCore::handle_tick_election`) and the other followers, which
+                // heard the lost leader last at about the same moment, grant it.
+                leader_lease: Duration::from_millis(config.election_timeout_min),
             },
         }
     }
