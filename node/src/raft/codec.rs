@@ -1,6 +1,6 @@
 //! The inter-node RPC messages: the seed's `request_vote`, `append_entries` and
 //! `install_snapshot` (as openraft's own types), plus `forward` for writes a follower hands
-//! to the leader. Each travels as one binary WebSocket message: a bincode [`Frame`].
+//! to the leader and `pre_vote`, a vote request that changes nothing. Each travels as one binary WebSocket message: a bincode [`Frame`].
 
 use raft_store::typ::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -37,6 +37,12 @@ pub enum RpcRequest {
     Forward {
         req: Request,
     },
+    /// Would the target grant this vote now? Changes nothing on it (openraft as patched,
+    /// `vendor/openraft/PATCHED.md`). Added last, so the other messages keep their encoding.
+    PreVote {
+        target: NodeId,
+        req: VoteRequest,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,6 +55,7 @@ pub enum RpcResponse {
     WrongNode {
         actual: NodeId,
     },
+    PreVote(Result<VoteResponse, RaftError>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]

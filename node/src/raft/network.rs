@@ -291,4 +291,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             _ => Err(unexpected()),
         }
     }
+
+    async fn pre_vote(&mut self, req: VoteRequest, option: RPCOption) -> Result<VoteResponse, RPCError> {
+        match self.call(RpcRequest::PreVote { target: self.target, req }, &option).await? {
+            RpcResponse::PreVote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(unexpected()),
+        }
+    }
 }

@@ -80,6 +80,7 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
     let me = app.id();
     match request {
         RpcRequest::Vote { target, .. }
+        | RpcRequest::PreVote { target, .. }
         | RpcRequest::AppendEntries { target, .. }
         | RpcRequest::InstallSnapshot { target, .. }
             if target != me =>
@@ -87,6 +88,7 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
             RpcResponse::WrongNode { actual: me }
         }
         RpcRequest::Vote { req, .. } => RpcResponse::Vote(app.raft.vote(req).await),
+        RpcRequest::PreVote { req, .. } => RpcResponse::PreVote(app.raft.pre_vote(req).await),
         RpcRequest::AppendEntries { req, .. } => RpcResponse::AppendEntries(app.raft.append_entries(req).await),
         RpcRequest::InstallSnapshot { req, .. } => RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await),
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),

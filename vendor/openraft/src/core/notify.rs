@@ -11,6 +11,13 @@ use crate::Vote;
 pub(crate) enum Notify<C>
 where C: RaftTypeConfig
 {
+    /// PATCHED (pubsub-raft): an answer to a pre-vote of round `round`.
+    PreVoteResponse {
+        target: C::NodeId,
+        round: u64,
+        resp: VoteResponse<C::NodeId>,
+    },
+
     VoteResponse {
         target: C::NodeId,
         resp: VoteResponse<C::NodeId>,
@@ -72,6 +79,9 @@ where C: RaftTypeConfig
 {
     fn summary(&self) -> String {
         match self {
+            Self::PreVoteResponse { target, round, resp } => {
+                format!("PreVoteResponse: from: {}: round {}: {}", target, round, resp.summary())
+            }
             Self::VoteResponse {
                 target,
                 resp,

@@ -1164,6 +1164,36 @@ where
         }
     }
 
+    /// PATCHED (pubsub-raft): sends pre-vote round `round` to every other voter; answers come
+    /// back as `Notify::PreVoteResponse`. Failures are only logged: the round then gets no
+    /// quorum and another follows after an election timeout.
+    async fn spawn_parallel_pre_vote_requests(&mut self, round: u64, vote_req: &VoteRequest<C::NodeId>) {
+        let members = self.engine.state.membership_state.effective().voter_ids();
+        for target in members {
+            if target == self.id {
+                continue;
+            }
+            let req = vote_req.clone();
+            // Safe unwrap(): target must be in membership
+            let target_node = self.engine.state.membership_state.effective().get_node(&target).unwrap().clone();
+            let mut client = self.network.new_client(target.clone(), &target_node).await;
+            let tx = self.tx_notify.clone();
+            let ttl = Duration::from_millis(self.config.election_timeout_min);
+            let option = RPCOption::new(ttl);
+
+            #[allow(clippy::let_underscore_future)]
+            let _ = C::AsyncRuntime::spawn(async move {
+                match C::AsyncRuntime::timeout(ttl, client.pre_vote(req, option)).await {
+                    Ok(Ok(resp)) => {
+                        let _ = tx.send(Notify::PreVoteResponse { target, round, resp });
+                    }
+                    Ok(Err(err)) => tracing::warn!({error=%err, target=display(&target)}, "while requesting a pre-vote"),
+                    Err(_timeout) => tracing::warn!(target = display(&target), "a pre-vote request timed out"),
+                }
+            });
+        }
+    }
+
     #[tracing::instrument(level = "debug", skip_all)]
     pub(super) fn handle_vote_request(&mut self, req: VoteRequest<C::NodeId>, tx: VoteTx<C>) {
         tracing::info!(req = display(req.summary()), func = func_name!());
@@ -1205,6 +1235,13 @@ where
                 );
 
                 self.handle_vote_request(rpc, tx);
+            }
+            RaftMsg::PreVote { rpc, tx } => {
+                let resp = self.engine.handle_pre_vote_req(&rpc);
+                self.engine.output.push_command(Command::Respond {
+                    when: None,
+                    resp: Respond::new(Ok(resp), tx),
+                });
             }
             RaftMsg::BeginReceivingSnapshot { tx } => {
                 self.engine.handle_begin_receiving_snapshot(tx);
@@ -1282,6 +1319,16 @@ where
         tracing::debug!("recv from rx_notify: {}", notify.summary());
 
         match notify {
+            Notify::PreVoteResponse { target, round, resp } => {
+                tracing::info!(target = display(&target), round, resp = display(&resp), "received a pre-vote answer");
+                if self.engine.handle_pre_vote_resp(target, round, resp) {
+                    // Every time elect, reset this flag.
+                    self.engine.reset_greater_log();
+                    tracing::info!("do trigger election");
+                    self.elect_now();
+                }
+            }
+
             Notify::VoteResponse {
                 target,
                 resp,
@@ -1559,15 +1606,32 @@ where
             }
 
             tracing::info!("election timeout passed, check if it is a voter for election");
+
+            // PATCHED (pubsub-raft): a pre-vote round first (`RaftNetwork::pre_vote`); the
+            // election itself starts when a quorum grants it (`Notify::PreVoteResponse`). A
+            // round that got no quorum is followed by another after an election timeout.
+            if let Some(started) = self.engine.pre_vote_started() {
+                if now < started + self.engine.config.timer_config.election_timeout {
+                    return;
+                }
+            }
+            self.engine.config.timer_config.election_timeout =
+                Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
+            self.engine.start_pre_vote();
+            return;
         }
 
         // Every time elect, reset this flag.
         self.engine.reset_greater_log();
 
         tracing::info!("do trigger election");
-        // PATCHED (pubsub-raft): a new random timeout for every election, as Raft asks (§5.2),
-        // instead of one drawn at start-up for the node's whole life: two nodes that drew
-        // timeouts a round trip apart would otherwise split their votes again every time.
+        self.elect_now();
+    }
+
+    /// PATCHED (pubsub-raft): starts an election with a new random timeout, as Raft asks (§5.2),
+    /// instead of one drawn at start-up for the node's whole life: two nodes that drew timeouts
+    /// a round trip apart would otherwise split their votes again every time.
+    fn elect_now(&mut self) {
         self.engine.config.timer_config.election_timeout =
             Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
         self.engine.elect();
@@ -1759,6 +1823,9 @@ where
             }
             Command::SendVote { vote_req } => {
                 self.spawn_parallel_vote_requests(&vote_req).await;
+            }
+            Command::SendPreVote { round, vote_req } => {
+                self.spawn_parallel_pre_vote_requests(round, &vote_req).await;
             }
             Command::ReplicateCommitted { committed } => {
                 for node in self.replications.values() {

@@ -1,3 +1,4 @@
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use validit::Valid;
@@ -32,6 +33,7 @@ use crate::error::NotInMembers;
 use crate::error::RejectAppendEntries;
 use crate::proposer::leader_state::CandidateState;
 use crate::proposer::Candidate;
+use crate::quorum::QuorumSet;
 use crate::proposer::LeaderQuorumSet;
 use crate::proposer::LeaderState;
 use crate::raft::responder::Responder;
@@ -87,6 +89,12 @@ where C: RaftTypeConfig
     /// refused candidate's own vote, rather than tying with it and splitting the vote.
     pub(crate) greatest_refused_term: u64,
 
+    /// PATCHED (pubsub-raft): the pre-vote round in progress, if any.
+    pub(crate) pre_vote: Option<PreVoteRound<C>>,
+
+    /// PATCHED (pubsub-raft): pre-vote rounds started so far (each round's id).
+    pub(crate) pre_vote_rounds: u64,
+
     /// Represents the Leader state.
     pub(crate) leader: LeaderState<C>,
 
@@ -113,6 +121,8 @@ where C: RaftTypeConfig
             state: Valid::new(init_state),
             seen_greater_log: false,
             greatest_refused_term: 0,
+            pre_vote: None,
+            pre_vote_rounds: 0,
             leader: None,
             candidate: None,
             output: EngineOutput::new(4096),
@@ -252,6 +262,77 @@ where C: RaftTypeConfig
         });
 
         self.server_state_handler().update_server_state_if_changed();
+    }
+
+    /// PATCHED (pubsub-raft): starts a pre-vote round: asks every other voter whether it would
+    /// grant this node's next vote (`Command::SendPreVote`); [`Self::elect`] runs once a quorum
+    /// says yes ([`Self::handle_pre_vote_resp`]). Nothing is persisted and the term stays.
+    pub(crate) fn start_pre_vote(&mut self) {
+        self.pre_vote_rounds += 1;
+        let round = self.pre_vote_rounds;
+        let term = self.state.vote.leader_id().term.max(self.greatest_refused_term) + 1;
+        let vote_req = VoteRequest::new(Vote::new(term, self.config.id.clone()), self.state.last_log_id().cloned());
+        let mut granted = BTreeSet::new();
+        granted.insert(self.config.id.clone());
+        self.pre_vote = Some(PreVoteRound {
+            round,
+            started: C::now(),
+            vote_utime: self.state.vote_last_modified(),
+            granted,
+        });
+        tracing::info!(round, vote_req = display(vote_req.summary()), "start pre-vote");
+        self.output.push_command(Command::SendPreVote { round, vote_req });
+    }
+
+    /// PATCHED (pubsub-raft): when the pre-vote round in progress started, if any.
+    pub(crate) fn pre_vote_started(&self) -> Option<<C::AsyncRuntime as AsyncRuntime>::Instant> {
+        self.pre_vote.as_ref().map(|p| p.started)
+    }
+
+    /// PATCHED (pubsub-raft): counts an answer to pre-vote round `round`; returns true (and ends
+    /// the round) when a quorum said yes and no leader was heard since the round started.
+    pub(crate) fn handle_pre_vote_resp(&mut self, target: C::NodeId, round: u64, resp: VoteResponse<C::NodeId>) -> bool {
+        // Whatever it answered, the next vote must outrank the voter's own.
+        self.greatest_refused_term = self.greatest_refused_term.max(resp.vote.leader_id().term);
+        if resp.last_log_id.as_ref() > self.state.last_log_id() {
+            self.set_greater_log();
+        }
+        let Some(pre_vote) = self.pre_vote.as_mut() else {
+            return false;
+        };
+        if pre_vote.round != round || !resp.vote_granted {
+            return false;
+        }
+        pre_vote.granted.insert(target);
+        if !self.state.membership_state.effective().is_quorum(pre_vote.granted.iter()) {
+            return false;
+        }
+        let heard_since = self.state.vote_last_modified() != pre_vote.vote_utime;
+        self.pre_vote = None;
+        tracing::info!(round, heard_since, "pre-vote granted by a quorum");
+        !heard_since && self.leader.is_none()
+    }
+
+    /// PATCHED (pubsub-raft): whether this node would grant `req` now, changing nothing: it is
+    /// not the leader, it no longer hears one (the lease), and `req`'s log is at least as up to
+    /// date as this node's. The term is left to the real vote, which the candidate sends with a
+    /// term above the one answered here.
+    pub(crate) fn handle_pre_vote_req(&self, req: &VoteRequest<C::NodeId>) -> VoteResponse<C::NodeId> {
+        let now = C::now();
+        let lease = self.config.timer_config.leader_lease;
+        let vote = self.state.vote_ref();
+        let hears_leader = vote.is_committed()
+            && self.state.vote_last_modified().is_some_and(|utime| now <= utime + lease);
+        let log_ok = req.last_log_id.as_ref() >= self.state.last_log_id();
+        let granted = self.leader.is_none() && !hears_leader && log_ok;
+        tracing::info!(
+            req = display(req.summary()),
+            granted,
+            hears_leader,
+            log_ok,
+            "pre-vote request"
+        );
+        VoteResponse::new(vote, self.state.last_log_id().cloned(), granted)
     }
 
     pub(crate) fn candidate_ref(&self) -> Option<&Candidate<C, LeaderQuorumSet<C::NodeId>>> {
@@ -870,4 +951,15 @@ mod engine_testing {
             self.leader.as_mut().unwrap()
         }
     }
+}
+
+/// PATCHED (pubsub-raft): a pre-vote round in progress (see `Engine::start_pre_vote`).
+#[derive(Debug)]
+pub(crate) struct PreVoteRound<C: RaftTypeConfig> {
+    pub(crate) round: u64,
+    pub(crate) started: <C::AsyncRuntime as AsyncRuntime>::Instant,
+    /// This node's vote's last-modified time when the round started: if it moves, a leader
+    /// was heard meanwhile and the round does not lead to an election.
+    pub(crate) vote_utime: Option<<C::AsyncRuntime as AsyncRuntime>::Instant>,
+    pub(crate) granted: BTreeSet<C::NodeId>,
 }

@@ -82,6 +82,22 @@ where C: RaftTypeConfig
         option: RPCOption,
     ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>>;
 
+    /// PATCHED (pubsub-raft): ask the target whether it would grant `rpc` now, without changing
+    /// anything on it (the target answers with [`Raft::pre_vote`]). A node stands for election
+    /// only once a quorum says yes, so a node that lost touch with the cluster does not raise
+    /// its term and, when it is back, unseat a leader the others still follow (Ongaro's thesis,
+    /// §9.6). The default says yes at once: no pre-vote phase, as before.
+    ///
+    /// [`Raft::pre_vote`]: crate::Raft::pre_vote
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<C::NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
+        let _ = option;
+        Ok(VoteResponse::new(rpc.vote, None, true))
+    }
+
     /// Send a complete Snapshot to the target.
     ///
     /// This method is responsible to fragment the snapshot and send it to the target node.

@@ -420,6 +420,13 @@ where C: RaftTypeConfig
         self.inner.call_core(RaftMsg::RequestVote { rpc, tx }, rx).await
     }
 
+    /// PATCHED (pubsub-raft): answer a pre-vote (see `RaftNetwork::pre_vote`): whether this node
+    /// would grant `rpc` now. Nothing changes on this node: not its vote, not its term.
+    pub async fn pre_vote(&self, rpc: VoteRequest<C::NodeId>) -> Result<VoteResponse<C::NodeId>, RaftError<C::NodeId>> {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        self.inner.call_core(RaftMsg::PreVote { rpc, tx }, rx).await
+    }
+
     /// Get the latest snapshot from the state machine.
     ///
     /// It returns error only when `RaftCore` fails to serve the request, e.g., Encountering a

@@ -53,6 +53,12 @@ where C: RaftTypeConfig
         tx: VoteTx<C>,
     },
 
+    /// PATCHED (pubsub-raft): see `Raft::pre_vote`.
+    PreVote {
+        rpc: VoteRequest<C::NodeId>,
+        tx: VoteTx<C>,
+    },
+
     InstallFullSnapshot {
         vote: Vote<C::NodeId>,
         snapshot: Snapshot<C>,
@@ -112,6 +118,9 @@ where C: RaftTypeConfig
             }
             RaftMsg::RequestVote { rpc, .. } => {
                 format!("RequestVote: {}", rpc.summary())
+            }
+            RaftMsg::PreVote { rpc, .. } => {
+                format!("PreVote: {}", rpc.summary())
             }
             RaftMsg::BeginReceivingSnapshot { .. } => "BeginReceivingSnapshot".to_string(),
             RaftMsg::InstallFullSnapshot { vote, snapshot, .. } => {
