@@ -1605,8 +1605,6 @@ where
                 return;
             }
 
-            tracing::info!("election timeout passed, check if it is a voter for election");
-
             // PATCHED (pubsub-raft): a pre-vote round first (`RaftNetwork::pre_vote`); the
             // election itself starts when a quorum grants it (`Notify::PreVoteResponse`). A
             // round that got no quorum is followed by another after an election timeout.
@@ -1615,6 +1613,8 @@ where
                     return;
                 }
             }
+
+            tracing::info!("election timeout passed, check if it is a voter for election");
             self.engine.config.timer_config.election_timeout =
                 Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
             self.engine.start_pre_vote();
