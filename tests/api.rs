@@ -85,9 +85,12 @@ async fn topics_lifecycle_follows_the_contract() {
     assert_eq!(r.body["metadata"], json!({"description": "Order events"}));
 
     // Metadata is stored as given: key order and number spelling survive, whitespace does not.
-    let r = post_raw(&format!("{l}/topics/spelled"), r#"{"metadata": {"z": 1e2, "a": [2.50, -0.0], "retention_messages": 10}}"#)
-        .await
-        .unwrap();
+    let r = post_raw(
+        &format!("{l}/topics/spelled"),
+        r#"{"metadata": {"z": 1e2, "a": [2.50, -0.0], "retention_messages": 10}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 201, "{r:?}");
     let text = reqwest::get(format!("{l}/topics/spelled")).await.unwrap().text().await.unwrap();
     assert!(text.contains(r#""metadata":{"z":1e2,"a":[2.50,-0.0],"retention_messages":10}"#), "{text}");

@@ -857,12 +857,8 @@ async fn follower_cut(run: &mut Run) {
     } else {
         format!("leadership moved (was {} in term {:?})", name(leader), term_before)
     };
-    let note = format!(
-        "cut {} for {}; caught up {} after reconnect; {kept}",
-        name(follower),
-        secs(cut),
-        secs(t1.elapsed())
-    );
+    let note =
+        format!("cut {} for {}; caught up {} after reconnect; {kept}", name(follower), secs(cut), secs(t1.elapsed()));
     run.end(phase, note, Vec::new()).await;
 }
 

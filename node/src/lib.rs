@@ -37,8 +37,8 @@ use raft_store::{Node, Request};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
-use crate::metrics::Metrics;
 pub use crate::config::{Config, ConfigError, Flags};
+use crate::metrics::Metrics;
 pub use crate::net::Env;
 use crate::raft::network::{Network, PeerPool};
 

@@ -37,8 +37,8 @@ fn metadata_as_given(body: &[u8]) -> Result<String, ApiError> {
         #[serde(borrow)]
         metadata: &'a RawValue,
     }
-    let creation: Creation = serde_json::from_slice(body)
-        .map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
+    let creation: Creation =
+        serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
     String::from_utf8(minify(creation.metadata.get()))
         .map_err(|_| ApiError::InvalidRequest("metadata is not valid UTF-8".into()))
 }
