@@ -158,7 +158,6 @@ async fn read_log(i: usize) -> Option<Vec<(u64, String)>> {
     }
 }
 
-/// Runs one seeded scenario and returns what the clients observed.
 /// A simulation seeded with `seed` (turmoil's network and, through our runtime, openraft's
 /// election timeouts).
 fn new_sim(seed: u64) -> turmoil::Sim<'static> {
@@ -207,6 +206,7 @@ fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Pat
     offsets
 }
 
+/// Runs one seeded scenario and returns what the clients observed.
 fn run(s: &Scenario) -> Result<History, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut sim = new_sim(s.seed);

@@ -39,8 +39,8 @@ fn metadata_as_given(body: &[u8]) -> Result<String, ApiError> {
     }
     let creation: Creation =
         serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
-    String::from_utf8(minify(creation.metadata.get()))
-        .map_err(|_| ApiError::InvalidRequest("metadata is not valid UTF-8".into()))
+    // Lossless: minify only drops ASCII whitespace from valid UTF-8.
+    Ok(String::from_utf8_lossy(&minify(creation.metadata.get())).into_owned())
 }
 
 pub fn active(app: &SharedApp, name: &str) -> Result<TopicRecord, ApiError> {

@@ -1,6 +1,7 @@
 //! The inter-node RPC messages: the seed's `request_vote`, `append_entries` and
 //! `install_snapshot` (as openraft's own types), plus `forward` for writes a follower hands
-//! to the leader and `pre_vote`, a vote request that changes nothing. Each travels as one binary WebSocket message: a bincode [`Frame`].
+//! to the leader and `pre_vote`, a vote request that changes nothing. Each travels as one
+//! binary WebSocket message: a bincode [`Frame`].
 
 use raft_store::typ::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,

@@ -1322,9 +1322,6 @@ where
             Notify::PreVoteResponse { target, round, resp } => {
                 tracing::info!(target = display(&target), round, resp = display(&resp), "received a pre-vote answer");
                 if self.engine.handle_pre_vote_resp(target, round, resp) {
-                    // Every time elect, reset this flag.
-                    self.engine.reset_greater_log();
-                    tracing::info!("do trigger election");
                     self.elect_now();
                 }
             }
@@ -1615,25 +1612,30 @@ where
             }
 
             tracing::info!("election timeout passed, check if it is a voter for election");
-            self.engine.config.timer_config.election_timeout =
-                Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
+            self.redraw_election_timeout();
             self.engine.start_pre_vote();
             return;
         }
 
-        // Every time elect, reset this flag.
-        self.engine.reset_greater_log();
-
-        tracing::info!("do trigger election");
         self.elect_now();
     }
 
-    /// PATCHED (pubsub-raft): starts an election with a new random timeout, as Raft asks (§5.2),
-    /// instead of one drawn at start-up for the node's whole life: two nodes that drew timeouts
-    /// a round trip apart would otherwise split their votes again every time.
-    fn elect_now(&mut self) {
+    /// PATCHED (pubsub-raft): a new random election timeout, drawn for every election (and
+    /// pre-vote round), as Raft asks (§5.2), instead of one drawn at start-up for the node's
+    /// whole life: two nodes that drew timeouts a round trip apart would otherwise split their
+    /// votes again every time.
+    fn redraw_election_timeout(&mut self) {
         self.engine.config.timer_config.election_timeout =
             Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
+    }
+
+    /// PATCHED (pubsub-raft): starts an election now, with a new random timeout: at once for a
+    /// single voter, after a granted pre-vote otherwise.
+    fn elect_now(&mut self) {
+        // Every time elect, reset this flag.
+        self.engine.reset_greater_log();
+        tracing::info!("do trigger election");
+        self.redraw_election_timeout();
         self.engine.elect();
     }
 
