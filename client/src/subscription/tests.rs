@@ -289,6 +289,44 @@ async fn latest_subscription_resumes_from_the_cursor_the_server_confirmed() {
 }
 
 #[tokio::test]
+async fn close_sends_the_latest_ack_even_while_the_application_queue_is_full() {
+    let log = Shared::default();
+    let (all_sent, acks_read) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let (sent, read) = (all_sent.clone(), acks_read.clone());
+    let node = ws_node(log.clone(), move |n, mut socket, log| {
+        let (sent, read) = (sent.clone(), read.clone());
+        async move {
+            send(&mut socket, sub_frame(0)).await;
+            // More than the application's queue holds: the subscription's task ends up
+            // waiting for room instead of for the next frame or ack.
+            for s in 1..=limits::SUBSCRIPTION_EVENTS_BUFFERED as u64 + 20 {
+                send(&mut socket, msg(s)).await;
+            }
+            sent.notify_one();
+            // Until ack 1, or until the connection ends without it.
+            read_acks(&mut socket, &log, n, 1).await;
+            read.notify_one();
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    all_sent.notified().await;
+    // Every frame is in the socket's buffer; once the queue is full the task waits for room.
+    while sub.events.len() < limits::SUBSCRIPTION_EVENTS_BUFFERED {
+        tokio::task::yield_now().await;
+    }
+    sub.ack(1);
+    sub.close().await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), acks_read.notified()).await;
+    let log = log.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(log.acks[0], vec![1], "the ack reached the node before the close");
+}
+
+#[tokio::test]
 async fn an_unannounced_sequence_jump_is_reported_as_a_gap_error() {
     let node = ws_node(Shared::default(), |_, mut socket, _| async move {
         send(&mut socket, sub_frame(0)).await;

@@ -11,9 +11,11 @@ use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::SplitSink;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{SinkExt, Stream, StreamExt};
+use openraft::metrics::RaftServerMetrics;
+use raft_store::{Node, NodeId};
 use serde::Deserialize;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::frames;
@@ -156,8 +158,8 @@ async fn serve_inner(
     client_gone: &Notify,
 ) -> Result<End, End> {
     let mut watch = app.reader.watch_topic(&s.topic);
-    let mut server = app.raft.server_metrics();
-    let mut last_leader = server.borrow_and_update().current_leader;
+    let server = app.raft.server_metrics();
+    let mut last_leader = server.borrow().current_leader;
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
     ping.reset();
     let mut cursor = s.cursor;
@@ -167,6 +169,8 @@ async fn serve_inner(
     tokio::pin!(client_gone);
     let shutdown = app.shutdown.cancelled();
     tokio::pin!(shutdown);
+    let leaders = leader_changes(server);
+    tokio::pin!(leaders);
     send_all(sink, [frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
 
     loop {
@@ -216,11 +220,10 @@ async fn serve_inner(
         }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() { return Ok(End::Close(1011, "topic feed closed")) },
-            changed = server.changed() => {
-                if changed.is_err() {
+            leader = leaders.next() => {
+                let Some(leader) = leader else {
                     return Ok(End::Close(1001, "node shutting down"));
-                }
-                let leader = server.borrow_and_update().current_leader;
+                };
                 if let Some(id) = leader.filter(|_| leader != last_leader) {
                     last_leader = leader;
                     send_all(sink, [frames::leader_change(&addr_of(app, id), id)]).await?;
@@ -239,6 +242,17 @@ async fn serve_inner(
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
+}
+
+/// The leader each time the server's metrics change; ends when Raft shuts down. A stream, so
+/// one waiter lives across the loop's turns instead of one registered and dropped on every
+/// delivery (the watch is shared by every subscription on the node).
+fn leader_changes(server: watch::Receiver<RaftServerMetrics<NodeId, Node>>) -> impl Stream<Item = Option<u64>> {
+    futures_util::stream::unfold(server, |mut server| async move {
+        server.changed().await.ok()?;
+        let leader = server.borrow_and_update().current_leader;
+        Some((leader, server))
+    })
 }
 
 /// A node's advertise address from the membership ("" when unknown).
