@@ -47,6 +47,10 @@
 #                               directories, and the tables keep each cell's best run (highest
 #                               msgs/s; fanout: lowest deliver p99) (use 3 on a shared,
 #                               noisy machine)
+#   PAYLOAD_CONTENT=text        what fills our payloads (`pubsub bench --payload-content`: text,
+#                               random or repeat). Ours compresses stored messages, so this
+#                               matters for ours alone; the peers' generator sends x…x, and
+#                               neither NATS 2.9's file store nor etcd compresses
 #   KEEP_DATA=1                 keep the temporary data directory
 # Everything listens on 127.0.0.1 and is stopped on exit. Each cluster runs only during its
 # own runs, so they never compete for the CPU (the load generator shares the machine
@@ -87,6 +91,7 @@ FANOUT_NATS_CONNECTIONS=${FANOUT_NATS_CONNECTIONS:-0}
 RUN_SECS=${RUN_SECS:-60}
 ROUNDS=${ROUNDS:-1}
 PAYLOAD=256
+PAYLOAD_CONTENT=${PAYLOAD_CONTENT:-text}
 PB=${PORT_BASE:-29000}
 [ "${#CS[@]}" -eq "${#NS[@]}" ] || { echo "CONCURRENCY and MESSAGES need the same number of values" >&2; exit 2; }
 [ "${#WS_CS[@]}" -eq "${#WS_NS[@]}" ] || { echo "WS_CONCURRENCY and WS_MESSAGES need the same number of values" >&2; exit 2; }
@@ -249,7 +254,7 @@ publish_runs() {
         "$BIN/pubsub" "$@" --json topics create "bench-c$c" >/dev/null 2>&1 || true
         log "$sys C=$c ($p publishers x $f in flight), $n messages"
         run_gen "$sys" $((RUN_SECS + 60)) "$BIN/pubsub" "$@" --json bench --publishers "$p" --inflight "$f" \
-            --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-c$c" --duration-secs "$RUN_SECS"
+            --messages "$n" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-c$c" --duration-secs "$RUN_SECS"
         record "$sys" "$c" "$n" "$LINE"
     done
 }
@@ -286,7 +291,7 @@ run_ours() {
             "$BIN/pubsub" "${urls[@]}" --json topics create "bench-ws-c$c" >/dev/null 2>&1 || true
             log "ours-ws C=$c ($p WebSocket publishers x $f in flight), $n messages"
             run_gen ours-ws $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --transport ws --publishers "$p" \
-                --inflight "$f" --messages "$n" --payload-bytes "$PAYLOAD" --topic "bench-ws-c$c" --duration-secs "$RUN_SECS"
+                --inflight "$f" --messages "$n" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-ws-c$c" --duration-secs "$RUN_SECS"
             record ours-ws "$c" "$n" "$LINE"
         done
     fi
@@ -298,7 +303,7 @@ run_ours() {
             "$BIN/pubsub" "${urls[@]}" --json topics create "bench-b$b-c$c" >/dev/null 2>&1 || true
             log "ours batch B=$b C=$c ($p publishers x $f requests in flight), $BATCH_MESSAGES messages"
             run_gen ours-batch $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --batch "$b" --publishers "$p" \
-                --inflight "$f" --messages "$BATCH_MESSAGES" --payload-bytes "$PAYLOAD" --topic "bench-b$b-c$c" \
+                --inflight "$f" --messages "$BATCH_MESSAGES" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-b$b-c$c" \
                 --duration-secs "$RUN_SECS"
             record "ours-batch$b" "$c" "$BATCH_MESSAGES" "$LINE"
         done
@@ -311,7 +316,7 @@ run_ours() {
             slow_before=$(slow_fsyncs)
             run_gen ours $((FN / FR + 210)) "$BIN/pubsub" "${urls[@]}" --json bench --transport "$FANOUT_TRANSPORT" \
                 --publishers 1 --inflight 64 --subscribers "$FK" --rate "$FR" --messages "$FN" \
-                --payload-bytes "$PAYLOAD" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
+                --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
             record_fanout ours "$FK" "$FR" "$FN" "$LINE"
             log "ours fanout K=$FK R=$FR: log fsyncs over 12.8 ms so far, nodes 1-3: $(slow_fsyncs)(before this run: $slow_before)"
         done
@@ -433,7 +438,7 @@ BEST_PUBLISH='
         return ((s, c) in rate && (other, c) in rate && rate[other, c] > 0) ? sprintf("%.2f×", rate[s, c] / rate[other, c]) : "—"
     }'
 echo
-echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads, every publish awaited until acknowledged"
+echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_CONTENT), every publish awaited until acknowledged"
 [ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 if section publish; then

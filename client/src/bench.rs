@@ -28,6 +28,7 @@ use crate::limits;
 use crate::publisher::Publisher;
 use crate::types::{AckMode, BatchItem, NewMessage};
 use pace::Pacer;
+pub use payload::{payload, PayloadContent, Payloads};
 
 /// Largest latency the histograms hold (µs); longer samples are clamped to it. A publish
 /// cannot take longer than the client's operation timeout anyway.
@@ -71,6 +72,8 @@ pub struct BenchConfig {
     pub messages: u64,
     /// Size of each payload as compact JSON (at least the timestamp field's size).
     pub payload_bytes: usize,
+    /// What fills the payloads (see [`PayloadContent`]).
+    pub payload_content: PayloadContent,
     /// Messages per request: 1 publishes one by one, more use the batch endpoint.
     pub batch: usize,
     /// WebSocket subscribers measuring deliver latency.
@@ -111,6 +114,8 @@ pub struct BenchReport {
     pub subscribers: usize,
     /// Payload size.
     pub payload_bytes: usize,
+    /// What filled the payloads.
+    pub payload_content: PayloadContent,
     /// Messages acknowledged by the cluster.
     pub messages: u64,
     /// Messages whose publish failed after the client's retries.
@@ -148,21 +153,6 @@ pub struct BenchReport {
 /// Microseconds since the Unix epoch by this machine's clock.
 pub fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)).unwrap_or(0)
-}
-
-/// A payload `{"pad": "xx…", "t_us": t}` that is `size_bytes` long as compact JSON, or as
-/// short as possible when `size_bytes` is smaller than the fields themselves.
-///
-/// ```
-/// let p = pubsub_client::bench::payload(200, 1_714_000_000_000_000);
-/// assert_eq!(p.to_string().len(), 200);
-/// assert_eq!(p["t_us"], 1_714_000_000_000_000u64);
-/// ```
-pub fn payload(size_bytes: usize, t_us: u64) -> Value {
-    // `{"pad":"","t_us":}` is 18 bytes, then the digits of `t_us`: counted, not serialized,
-    // since this runs for every message the load generator sends.
-    let bare = 18 + t_us.checked_ilog10().unwrap_or(0) as usize + 1;
-    json!({"pad": "x".repeat(size_bytes.saturating_sub(bare)), "t_us": t_us})
 }
 
 /// An empty latency histogram. It grows with the largest sample recorded rather than
@@ -224,7 +214,7 @@ impl Work {
 /// Runs the benchmark against the cluster `client` talks to.
 ///
 /// ```no_run
-/// use pubsub_client::bench::{self, BenchConfig, Transport};
+/// use pubsub_client::bench::{self, BenchConfig, PayloadContent, Transport};
 /// use pubsub_client::{AckMode, Client};
 /// use std::time::Duration;
 ///
@@ -233,7 +223,7 @@ impl Work {
 /// // One publisher at 1,000 msg/s over a WebSocket, fanned out to 100 subscribers.
 /// let config = BenchConfig {
 ///     topic: "bench".into(), publishers: 1, inflight: 64, messages: 10_000,
-///     payload_bytes: 256, batch: 1, subscribers: 100, duration: None,
+///     payload_bytes: 256, payload_content: PayloadContent::Text, batch: 1, subscribers: 100, duration: None,
 ///     ack: AckMode::Committed, transport: Transport::Ws, rate: Some(1000.0),
 ///     drain_timeout: Duration::from_secs(10), progress: false,
 /// };
@@ -265,7 +255,7 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
     let bar = progress_bar(config.messages, config.progress);
     let job = Arc::new(Job {
         topic: config.topic.clone(),
-        payload_bytes: config.payload_bytes,
+        payloads: Payloads::new(config.payload_content, config.payload_bytes),
         batch,
         inflight,
         ack: config.ack,
@@ -321,6 +311,7 @@ pub async fn run(client: &Client, config: &BenchConfig) -> Result<BenchReport, E
         batch,
         subscribers: config.subscribers,
         payload_bytes: config.payload_bytes,
+        payload_content: config.payload_content,
         messages: acked,
         errors,
         first_error,
@@ -393,7 +384,7 @@ async fn open_links(client: &Client, config: &BenchConfig, publishers: usize) ->
 /// What every publisher task shares.
 struct Job {
     topic: String,
-    payload_bytes: usize,
+    payloads: Payloads,
     /// Messages per HTTP request (1 with the ws transport).
     batch: usize,
     /// Requests each task keeps in flight.
@@ -455,7 +446,7 @@ async fn send(
     if let Some(due) = due {
         tokio::time::sleep_until(due).await;
     }
-    let message = || NewMessage::new(payload(job.payload_bytes, now_us()));
+    let message = || NewMessage::new(job.payloads.next(now_us()));
     let started = Instant::now();
     let outcome = match link {
         Link::Ws(publisher) => publisher.publish(message()).await.map(|_| 0),
@@ -480,6 +471,7 @@ async fn send(
 }
 
 mod pace;
+mod payload;
 mod subscribers;
 
 #[cfg(test)]

@@ -18,6 +18,27 @@ fn payload_smaller_than_its_fields_is_as_small_as_possible() {
 }
 
 #[test]
+fn every_payload_content_has_the_requested_size_and_a_readable_timestamp() {
+    for content in [PayloadContent::Text, PayloadContent::Random, PayloadContent::Repeat] {
+        for size in [64, 256, 1024] {
+            let payloads = Payloads::new(content, size);
+            let first = payloads.next(now_us());
+            assert_eq!(first.to_string().len(), size, "{content:?} {size}");
+            assert!(first["t_us"].as_u64().is_some());
+            let second = payloads.next(now_us());
+            assert_eq!(first["pad"] == second["pad"], content == PayloadContent::Repeat, "{content:?}: pads taken in turn");
+        }
+    }
+}
+
+#[test]
+fn text_payloads_are_words_and_numbers() {
+    let pad = Payloads::new(PayloadContent::Text, 256).next(1)["pad"].as_str().unwrap_or_default().to_string();
+    assert!(pad.split(' ').filter(|w| !w.is_empty()).count() > 10, "{pad}");
+    assert!(pad.bytes().all(|b| b.is_ascii_alphanumeric() || b == b' '), "{pad}");
+}
+
+#[test]
 fn work_is_claimed_in_batches_until_none_is_left() {
     let work = Work { remaining: AtomicU64::new(25), deadline: None, abort: AtomicBool::new(false) };
     assert_eq!(work.claim(10), 10);
@@ -158,6 +179,7 @@ fn config(messages: u64, batch: usize) -> BenchConfig {
         inflight: 4,
         messages,
         payload_bytes: 100,
+        payload_content: PayloadContent::Text,
         batch,
         subscribers: 0,
         duration: None,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use crate::bench::Transport;
+use crate::bench::{PayloadContent, Transport};
 use crate::endpoint::Cursor;
 use crate::types::AckMode;
 
@@ -206,6 +206,10 @@ pub struct BenchArgs {
     /// Payload size in bytes (compact JSON).
     #[arg(long, default_value_t = 256)]
     pub payload_bytes: usize,
+    /// What fills the payloads: text compresses about as JSON events do; random does not;
+    /// repeat (one byte over and over) to nothing.
+    #[arg(long, value_enum, default_value_t = PayloadContent::Text)]
+    pub payload_content: PayloadContent,
     /// Messages per request (1 = single publishes; up to 1000 via the batch endpoint).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub batch: u32,

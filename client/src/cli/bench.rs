@@ -16,6 +16,7 @@ pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Re
         inflight: args.inflight as usize,
         messages: args.messages,
         payload_bytes: args.payload_bytes,
+        payload_content: args.payload_content,
         batch: args.batch as usize,
         subscribers: args.subscribers as usize,
         duration: args.duration_secs.map(Duration::from_secs),
@@ -66,13 +67,14 @@ pub(super) fn check(args: &BenchArgs) -> Result<(), CliError> {
 fn summary(r: &BenchReport) -> Vec<String> {
     let mut lines = vec![
         format!(
-            "{}: {} publishers x {} in flight over {}, batch {}, {} B payloads, {}, topic {}",
+            "{}: {} publishers x {} in flight over {}, batch {}, {} B payloads ({}), {}, topic {}",
             r.workload,
             r.publishers,
             r.inflight,
             r.transport.as_str(),
             r.batch,
             r.payload_bytes,
+            r.payload_content.as_str(),
             r.rate.map_or_else(|| "unpaced".to_string(), |rate| format!("{rate} msg/s")),
             r.topic
         ),

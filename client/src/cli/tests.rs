@@ -120,10 +120,16 @@ fn bench_flags_parse_and_batch_is_bounded_by_the_endpoint_limit() {
             assert_eq!((b.publishers, b.inflight, b.batch, b.subscribers), (8, 32, 100, 2));
             assert_eq!(b.messages, 100_000);
             assert_eq!(b.payload_bytes, 1024);
+            assert_eq!(b.payload_content, crate::bench::PayloadContent::Text, "the default");
             assert_eq!(b.duration_secs, Some(30));
         }
         other => panic!("{other:?}"),
     }
+    match parse(&["bench", "--payload-content", "repeat"]).map(|a| a.command) {
+        Ok(Command::Bench(b)) => assert_eq!(b.payload_content, crate::bench::PayloadContent::Repeat),
+        other => panic!("{other:?}"),
+    }
+    assert!(parse(&["bench", "--payload-content", "zeros"]).is_err());
     assert!(parse(&["bench", "--batch", "1001"]).is_err());
     assert!(parse(&["bench", "--publishers", "0"]).is_err());
 }
