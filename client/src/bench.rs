@@ -3,12 +3,13 @@
 //! a total rate; optional WebSocket subscribers measuring publish→deliver latency; and a
 //! [`BenchReport`] with throughput and latency percentiles.
 //!
-//! The pacing schedule is `bench/pace.rs`, the subscribers `bench/subscribers.rs`.
+//! The pacing schedule is `bench/pace.rs`, the payloads `bench/payload.rs`, the subscribers
+//! `bench/subscribers.rs`.
 //!
 //! Publish latency is measured from just before a request is sent to its ack. Deliver
-//! latency is measured from a timestamp the publisher embeds in each payload
-//! (`{"t_us": <µs since the epoch>, "pad": "xx…"}`) to its arrival at a subscriber, so it is
-//! only meaningful when publisher and subscribers share a clock (one machine).
+//! latency is measured from a timestamp the publisher embeds in each payload (`{"pad": "…",
+//! "t_us": <µs since the epoch>}`) to its arrival at a subscriber, so it is only meaningful
+//! when publisher and subscribers share a clock (one machine).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,6 @@ use futures_util::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::client::Client;

@@ -21,8 +21,22 @@ const PADS_PER_RUN: usize = 1024;
 
 /// The words of [`PayloadContent::Text`] pads, typical of business events.
 const WORDS: [&str; 16] = [
-    "order", "customer", "amount", "currency", "EUR", "shipped", "item", "sku", "warehouse", "created", "status",
-    "pending", "paid", "address", "berlin", "quantity",
+    "order",
+    "customer",
+    "amount",
+    "currency",
+    "EUR",
+    "shipped",
+    "item",
+    "sku",
+    "warehouse",
+    "created",
+    "status",
+    "pending",
+    "paid",
+    "address",
+    "berlin",
+    "quantity",
 ];
 
 /// What fills a bench payload's pad.

@@ -26,7 +26,11 @@ fn every_payload_content_has_the_requested_size_and_a_readable_timestamp() {
             assert_eq!(first.to_string().len(), size, "{content:?} {size}");
             assert!(first["t_us"].as_u64().is_some());
             let second = payloads.next(now_us());
-            assert_eq!(first["pad"] == second["pad"], content == PayloadContent::Repeat, "{content:?}: pads taken in turn");
+            assert_eq!(
+                first["pad"] == second["pad"],
+                content == PayloadContent::Repeat,
+                "{content:?}: pads taken in turn"
+            );
         }
     }
 }
