@@ -1,5 +1,7 @@
 use std::sync::atomic::AtomicUsize;
 
+use serde_json::{json, Value};
+
 use super::*;
 
 #[test]
