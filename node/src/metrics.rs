@@ -22,6 +22,11 @@ pub struct TopicLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ColumnFamilyLabel {
+    pub column_family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FollowerLabel {
     pub follower: String,
 }
@@ -70,7 +75,9 @@ pub struct Metrics {
     topic_sequence: Family<TopicLabel, Gauge<u64, AtomicU64>>,
     log_io: LogIoMetrics,
     last_log_index: Gauge<u64, AtomicU64>,
+    log_entries: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
+    table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
 }
 
 /// What the log store reports of its fsyncs ([`FsyncObserver`]).
@@ -130,6 +137,18 @@ impl Default for Metrics {
         );
         let last_log_index = Gauge::<u64, AtomicU64>::default();
         registry.register("raft_last_log_index", "Last index in this node's Raft log", last_log_index.clone());
+        let log_entries = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "raft_log_entries",
+            "Entries in this node's Raft log (purged only behind a snapshot)",
+            log_entries.clone(),
+        );
+        let table_file_bytes = Family::<ColumnFamilyLabel, Gauge<u64, AtomicU64>>::default();
+        registry.register(
+            "storage_table_file_bytes",
+            "Bytes of RocksDB table files on disk, per column family (log: the Raft log)",
+            table_file_bytes.clone(),
+        );
         let follower_lag = Family::<FollowerLabel, Gauge<u64, AtomicU64>>::default();
         registry.register(
             "raft_follower_lag_entries",
@@ -150,7 +169,9 @@ impl Default for Metrics {
             topic_sequence,
             log_io,
             last_log_index,
+            log_entries,
             follower_lag,
+            table_file_bytes,
         }
     }
 }
@@ -179,6 +200,13 @@ impl Metrics {
             self.is_leader.set(i64::from(m.current_leader == Some(app.id())));
             let last = m.last_log_index.unwrap_or(0);
             self.last_log_index.set(last);
+            // Entries after the last purged one; with none purged, from index 0.
+            let entries = match (m.last_log_index, m.purged) {
+                (None, _) => 0,
+                (Some(last), Some(purged)) => last.saturating_sub(purged.index),
+                (Some(last), None) => last + 1,
+            };
+            self.log_entries.set(entries);
             self.follower_lag.clear();
             for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
@@ -190,6 +218,9 @@ impl Metrics {
         self.topic_sequence.clear();
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);
+        }
+        for (column_family, bytes) in app.reader.table_file_bytes() {
+            self.table_file_bytes.get_or_create(&ColumnFamilyLabel { column_family: column_family.into() }).set(bytes);
         }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
