@@ -92,6 +92,8 @@ RUN_SECS=${RUN_SECS:-60}
 ROUNDS=${ROUNDS:-1}
 PAYLOAD=256
 PAYLOAD_CONTENT=${PAYLOAD_CONTENT:-text}
+# Every run of ours publishes these payloads.
+PAYLOAD_ARGS=(--payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT")
 PB=${PORT_BASE:-29000}
 [ "${#CS[@]}" -eq "${#NS[@]}" ] || { echo "CONCURRENCY and MESSAGES need the same number of values" >&2; exit 2; }
 [ "${#WS_CS[@]}" -eq "${#WS_NS[@]}" ] || { echo "WS_CONCURRENCY and WS_MESSAGES need the same number of values" >&2; exit 2; }
@@ -254,7 +256,7 @@ publish_runs() {
         "$BIN/pubsub" "$@" --json topics create "bench-c$c" >/dev/null 2>&1 || true
         log "$sys C=$c ($p publishers x $f in flight), $n messages"
         run_gen "$sys" $((RUN_SECS + 60)) "$BIN/pubsub" "$@" --json bench --publishers "$p" --inflight "$f" \
-            --messages "$n" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-c$c" --duration-secs "$RUN_SECS"
+            --messages "$n" "${PAYLOAD_ARGS[@]}" --topic "bench-c$c" --duration-secs "$RUN_SECS"
         record "$sys" "$c" "$n" "$LINE"
     done
 }
@@ -291,7 +293,7 @@ run_ours() {
             "$BIN/pubsub" "${urls[@]}" --json topics create "bench-ws-c$c" >/dev/null 2>&1 || true
             log "ours-ws C=$c ($p WebSocket publishers x $f in flight), $n messages"
             run_gen ours-ws $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --transport ws --publishers "$p" \
-                --inflight "$f" --messages "$n" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-ws-c$c" --duration-secs "$RUN_SECS"
+                --inflight "$f" --messages "$n" "${PAYLOAD_ARGS[@]}" --topic "bench-ws-c$c" --duration-secs "$RUN_SECS"
             record ours-ws "$c" "$n" "$LINE"
         done
     fi
@@ -303,7 +305,7 @@ run_ours() {
             "$BIN/pubsub" "${urls[@]}" --json topics create "bench-b$b-c$c" >/dev/null 2>&1 || true
             log "ours batch B=$b C=$c ($p publishers x $f requests in flight), $BATCH_MESSAGES messages"
             run_gen ours-batch $((RUN_SECS + 60)) "$BIN/pubsub" "${urls[@]}" --json bench --batch "$b" --publishers "$p" \
-                --inflight "$f" --messages "$BATCH_MESSAGES" --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "bench-b$b-c$c" \
+                --inflight "$f" --messages "$BATCH_MESSAGES" "${PAYLOAD_ARGS[@]}" --topic "bench-b$b-c$c" \
                 --duration-secs "$RUN_SECS"
             record "ours-batch$b" "$c" "$BATCH_MESSAGES" "$LINE"
         done
@@ -316,7 +318,7 @@ run_ours() {
             slow_before=$(slow_fsyncs)
             run_gen ours $((FN / FR + 210)) "$BIN/pubsub" "${urls[@]}" --json bench --transport "$FANOUT_TRANSPORT" \
                 --publishers 1 --inflight 64 --subscribers "$FK" --rate "$FR" --messages "$FN" \
-                --payload-bytes "$PAYLOAD" --payload-content "$PAYLOAD_CONTENT" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
+                "${PAYLOAD_ARGS[@]}" --topic "fanout-k$FK-r$FR" --duration-secs $((FN / FR + 30))
             record_fanout ours "$FK" "$FR" "$FN" "$LINE"
             log "ours fanout K=$FK R=$FR: log fsyncs over 12.8 ms so far, nodes 1-3: $(slow_fsyncs)(before this run: $slow_before)"
         done

@@ -223,7 +223,8 @@ impl Work {
 /// // One publisher at 1,000 msg/s over a WebSocket, fanned out to 100 subscribers.
 /// let config = BenchConfig {
 ///     topic: "bench".into(), publishers: 1, inflight: 64, messages: 10_000,
-///     payload_bytes: 256, payload_content: PayloadContent::Text, batch: 1, subscribers: 100, duration: None,
+///     payload_bytes: 256, payload_content: PayloadContent::Text, batch: 1,
+///     subscribers: 100, duration: None,
 ///     ack: AckMode::Committed, transport: Transport::Ws, rate: Some(1000.0),
 ///     drain_timeout: Duration::from_secs(10), progress: false,
 /// };

@@ -201,12 +201,8 @@ impl Metrics {
             let last = m.last_log_index.unwrap_or(0);
             self.last_log_index.set(last);
             // Entries after the last purged one; with none purged, from index 0.
-            let entries = match (m.last_log_index, m.purged) {
-                (None, _) => 0,
-                (Some(last), Some(purged)) => last.saturating_sub(purged.index),
-                (Some(last), None) => last + 1,
-            };
-            self.log_entries.set(entries);
+            let first = m.purged.map_or(0, |purged| purged.index + 1);
+            self.log_entries.set(m.last_log_index.map_or(0, |last| (last + 1).saturating_sub(first)));
             self.follower_lag.clear();
             for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));

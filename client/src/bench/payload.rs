@@ -89,7 +89,7 @@ impl Payloads {
     /// The next payload, stamped with `t_us`.
     pub fn next(&self, t_us: u64) -> Value {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pads.len();
-        json!({"pad": self.pads[i], "t_us": t_us})
+        stamped(&self.pads[i], t_us)
     }
 }
 
@@ -123,5 +123,10 @@ fn bare_len(t_us: u64) -> usize {
 /// assert_eq!(p["t_us"], 1_714_000_000_000_000u64);
 /// ```
 pub fn payload(size_bytes: usize, t_us: u64) -> Value {
-    json!({"pad": "x".repeat(size_bytes.saturating_sub(bare_len(t_us))), "t_us": t_us})
+    stamped(&"x".repeat(size_bytes.saturating_sub(bare_len(t_us))), t_us)
+}
+
+/// `{"pad": pad, "t_us": t_us}`; [`bare_len`] counts everything but the pad.
+fn stamped(pad: &str, t_us: u64) -> Value {
+    json!({"pad": pad, "t_us": t_us})
 }

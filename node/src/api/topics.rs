@@ -9,7 +9,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raft_store::{Request, Response as SmResponse, Retention, TopicRecord};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
@@ -28,19 +28,24 @@ fn metadata(record: &TopicRecord) -> Box<RawValue> {
         .unwrap_or_else(|| RawValue::from_string("{}".into()).unwrap_or_default())
 }
 
-/// The `metadata` object of a creation body as the client wrote it, whitespace between tokens
-/// dropped: key order and number spelling kept (API.md: "stored as given"), which a parsed
-/// `Value` would not keep (`1e2` would come back as `100.0`).
-fn metadata_as_given(body: &[u8]) -> Result<String, ApiError> {
-    #[derive(Deserialize)]
-    struct Creation<'a> {
-        #[serde(borrow)]
-        metadata: &'a RawValue,
+/// The `metadata` of a creation body and the retention it sets; `None` when absent or null.
+/// The body is parsed once, `metadata` kept as the client wrote it with the whitespace between
+/// tokens dropped: key order and number spelling kept (API.md: "stored as given"), which a
+/// parsed `Value` would not keep (`1e2` would come back as `100.0`).
+fn creation_metadata(body: &[u8]) -> Result<(Option<String>, Retention), ApiError> {
+    let fields: Option<HashMap<String, Box<RawValue>>> = input::json(body)?;
+    let Some(given) = fields.as_ref().and_then(|f| f.get("metadata")) else {
+        return Ok((None, Retention::default()));
+    };
+    match serde_json::from_str::<Value>(given.get()) {
+        Ok(Value::Null) => Ok((None, Retention::default())),
+        Ok(Value::Object(m)) => {
+            // Lossless: minify only drops ASCII whitespace from valid UTF-8.
+            let text = String::from_utf8_lossy(&minify(given.get())).into_owned();
+            Ok((Some(text), retention(&m)?))
+        }
+        _ => Err(ApiError::InvalidRequest("metadata must be a JSON object".into())),
     }
-    let creation: Creation =
-        serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
-    // Lossless: minify only drops ASCII whitespace from valid UTF-8.
-    Ok(String::from_utf8_lossy(&minify(creation.metadata.get())).into_owned())
 }
 
 pub fn active(app: &SharedApp, name: &str) -> Result<TopicRecord, ApiError> {
@@ -73,12 +78,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let name = input::topic_name(path)?;
     let bytes = input::body(body, TOPIC_BODY_BYTES_MAX).await?;
-    let parsed: Option<Map<String, Value>> = input::json(&bytes)?;
-    let (metadata, retention) = match parsed.as_ref().and_then(|b| b.get("metadata")) {
-        None | Some(Value::Null) => (None, Retention::default()),
-        Some(Value::Object(m)) => (Some(metadata_as_given(&bytes)?), retention(m)?),
-        Some(_) => return Err(ApiError::InvalidRequest("metadata must be a JSON object".into())),
-    };
+    let (metadata, retention) = creation_metadata(&bytes)?;
     app.require_leader(&input::path_and_query(&uri))?;
     if active(&app, &name).is_ok() {
         return Ok((StatusCode::OK, Json(json!({"topic": name, "created": false, "raft_index": 0}))).into_response());

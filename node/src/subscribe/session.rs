@@ -247,7 +247,7 @@ async fn serve_inner(
 /// The leader each time the server's metrics change; ends when Raft shuts down. A stream, so
 /// one waiter lives across the loop's turns instead of one registered and dropped on every
 /// delivery (the watch is shared by every subscription on the node).
-fn leader_changes(server: watch::Receiver<RaftServerMetrics<NodeId, Node>>) -> impl Stream<Item = Option<u64>> {
+fn leader_changes(server: watch::Receiver<RaftServerMetrics<NodeId, Node>>) -> impl Stream<Item = Option<NodeId>> {
     futures_util::stream::unfold(server, |mut server| async move {
         server.changed().await.ok()?;
         let leader = server.borrow_and_update().current_leader;
