@@ -429,7 +429,7 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
         "pubsub_log_fsync_seconds_bucket",
         "pubsub_log_fsynced_appends_total",
         "pubsub_raft_last_log_index",
-        "pubsub_storage_table_file_bytes{column_family=\"log\"}",
+        "pubsub_raft_log_bytes",
         "pubsub_storage_table_file_bytes{column_family=\"messages\"}",
     ] {
         assert!(text.contains(metric), "missing {metric} in\n{text}");
@@ -438,6 +438,8 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     assert!(fsyncs.parse::<f64>().unwrap() >= 1.0, "the leader fsynced its entries: {fsyncs}");
     let entries = text.lines().find_map(|l| l.strip_prefix("pubsub_raft_log_entries ")).unwrap();
     assert!(entries.parse::<u64>().unwrap() >= 2, "membership, topic and message entries: {entries}");
+    let log_bytes = text.lines().find_map(|l| l.strip_prefix("pubsub_raft_log_bytes ")).unwrap();
+    assert!(log_bytes.parse::<u64>().unwrap() > 0, "the entries are in the log's files: {log_bytes}");
     let followers = text.lines().filter(|l| l.starts_with("pubsub_raft_follower_lag_entries{follower=")).count();
     assert_eq!(followers, 2, "the leader reports each follower's lag:\n{text}");
 }

@@ -30,6 +30,8 @@ pub struct App {
     pub reader: StoreReader,
     /// Highest commit index this node knows (from the log store).
     pub committed_index: Arc<AtomicU64>,
+    /// The Raft log's segment files, for their size in `/metrics`.
+    pub log_files: raft_store::LogFiles,
     pub env: Env,
     pub peers: Arc<PeerPool>,
     pub metrics: Metrics,

@@ -71,6 +71,7 @@ where
     let metrics = Metrics::default();
     store.log_store.observe_fsyncs(metrics.fsync_observer());
     let committed_index = store.log_store.committed_index();
+    let log_files = store.log_store.files();
     let store_closed = store.closed;
     let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)
         .map_err(NodeError::Raft)?;
@@ -87,6 +88,7 @@ where
         proposer: propose::Proposer::spawn(raft.clone()),
         reader: store.reader,
         committed_index,
+        log_files,
         env,
         peers,
         metrics,

@@ -76,6 +76,7 @@ pub struct Metrics {
     log_io: LogIoMetrics,
     last_log_index: Gauge<u64, AtomicU64>,
     log_entries: Gauge<u64, AtomicU64>,
+    log_bytes: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
 }
@@ -143,10 +144,12 @@ impl Default for Metrics {
             "Entries in this node's Raft log (purged only behind a snapshot)",
             log_entries.clone(),
         );
+        let log_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register("raft_log_bytes", "Bytes of this node's Raft log segment files", log_bytes.clone());
         let table_file_bytes = Family::<ColumnFamilyLabel, Gauge<u64, AtomicU64>>::default();
         registry.register(
             "storage_table_file_bytes",
-            "Bytes of RocksDB table files on disk, per column family (log: the Raft log)",
+            "Bytes of RocksDB table files on disk, per column family of the state machine",
             table_file_bytes.clone(),
         );
         let follower_lag = Family::<FollowerLabel, Gauge<u64, AtomicU64>>::default();
@@ -170,6 +173,7 @@ impl Default for Metrics {
             log_io,
             last_log_index,
             log_entries,
+            log_bytes,
             follower_lag,
             table_file_bytes,
         }
@@ -210,6 +214,7 @@ impl Metrics {
             }
         }
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
+        self.log_bytes.set(app.log_files.bytes());
         self.subscribers.set(app.subscription_count() as i64);
         self.topic_sequence.clear();
         for t in app.reader.active_topics() {

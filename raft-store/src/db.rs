@@ -45,8 +45,9 @@ pub fn open(path: &Path) -> Result<DB, StoreError> {
         table.set_bloom_filter(10.0, false);
         let mut opts = Options::default();
         opts.set_block_based_table_factory(&table);
-        // Not the log: LZ4 cost batches of text payloads 10 % and of random ones 6 %, more CPU
-        // than the smaller flushes saved (docs/BENCHMARKS.md, "Tried and not kept").
+        // Not the log (legacy: only data directories of earlier builds hold entries there,
+        // moved out on open): LZ4 cost batches of text payloads 10 % and of random ones 6 %,
+        // more CPU than the smaller flushes saved (docs/BENCHMARKS.md, "Tried and not kept").
         let compression = if *name == CF_LOG { DBCompressionType::None } else { DBCompressionType::Lz4 };
         opts.set_compression_type(compression);
         if *name == CF_DEDUP {
@@ -72,10 +73,9 @@ pub fn synced() -> WriteOptions {
     opts
 }
 
-/// A write that reaches RocksDB's WAL in the OS page cache but is not fsynced: used where a
-/// later fsync covers it (log appends, see `log_store`) or where losing it is repaired on
-/// restart (a purge is redone, a snapshot install is redone from its marker, a lost
-/// `committed` is learned again from the leader).
+/// A write that reaches RocksDB's WAL in the OS page cache but is not fsynced: used where
+/// losing it is repaired on restart (a purge that deletes no file is redone, a snapshot
+/// install is redone from its marker, a lost `committed` is learned again from the leader).
 pub fn unsynced() -> WriteOptions {
     let mut opts = WriteOptions::default();
     opts.set_sync(false);

@@ -8,6 +8,7 @@
 //! - [`keys`]: column family names and key encodings (big-endian, so RocksDB order is numeric order).
 //! - [`db`]: opening RocksDB with the column families and options we rely on.
 //! - [`log_store`]: [`LogStore`], openraft's `RaftLogStorage` with group-committed fsync.
+//! - `segments`: the log's entries in append-only segment files.
 //! - [`state_machine`]: [`StateMachine`], openraft's `RaftStateMachine`, persisted in RocksDB.
 //! - `recent`: the newest log entries kept decoded, for the reads right after an append.
 //! - [`reader`]: [`StoreReader`], the read side the node serves from (topics, messages, cursors).
@@ -30,6 +31,7 @@ pub mod reader;
 mod recent;
 pub mod rules;
 pub mod runtime;
+mod segments;
 pub mod snapshot;
 pub mod state_machine;
 pub mod typ;
@@ -37,7 +39,7 @@ pub mod typ;
 pub use command::{NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 pub use error::StoreError;
 pub use feeds::{Feeds, TopicSignal};
-pub use log_store::{FsyncObserver, IoMode, LogStore};
+pub use log_store::{FsyncObserver, IoMode, LogFiles, LogStore};
 pub use reader::{StoreReader, StoredMessage};
 pub use state_machine::StateMachine;
 pub use typ::{Node, NodeId, TypeConfig};
@@ -90,7 +92,7 @@ pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
 pub fn open_with(data_dir: &Path, mode: IoMode) -> Result<Store, StoreError> {
     let db = Arc::new(db::open(&data_dir.join("db"))?);
     let feeds = Arc::new(Feeds::default());
-    let log_store = LogStore::new(db.clone(), mode)?;
+    let log_store = LogStore::new(db.clone(), &data_dir.join("log"), mode)?;
     let state_machine = StateMachine::open(db.clone(), data_dir.join("snapshots"), feeds.clone(), mode)?;
     let reader = state_machine.reader();
     let closed = Closed(Arc::downgrade(&db));

@@ -44,3 +44,11 @@ pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;
 
 /// Acknowledgements carried in one `Ack` command (one per topic and subscriber).
 pub const ACKS_PER_COMMAND_MAX: usize = 10_000;
+
+/// Bytes after which the Raft log starts a new segment file. The log is purged a whole
+/// segment at a time, so this is also how much purged log may stay on disk.
+pub const LOG_SEGMENT_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// Largest log record accepted: far above the biggest entry (a 16 MiB batch body with the
+/// proposal it shares), so only a torn or corrupt length exceeds it.
+pub const LOG_RECORD_BYTES_MAX: usize = 64 * 1024 * 1024;

@@ -1,14 +1,20 @@
-//! openraft's log storage over RocksDB, with group commit.
+//! openraft's log storage: entries in append-only segment files ([`crate::segments`]), the
+//! vote and the purge point in RocksDB, with group commit.
 //!
-//! An `append` writes its entries to RocksDB without waiting for the disk (so they are
-//! readable at once and replication to followers can start), then hands the flush callback
-//! to the syncer thread. The syncer takes every callback queued so far, fsyncs the WAL once,
-//! and only then tells openraft the entries are durable. Many appends therefore share one
-//! fsync, and no entry is reported durable before it is. A follower's appends are fsynced
-//! before `append` returns instead (see [`LogStore::set_node_id`]).
+//! An `append` writes its entries to the newest segment without waiting for the disk (so they
+//! are readable at once and replication to followers can start), then hands the flush
+//! callback to the syncer thread. The syncer takes every callback queued so far, fsyncs the
+//! segment once, and only then tells openraft the entries are durable. Many appends therefore
+//! share one fsync, and no entry is reported durable before it is. A follower's appends are
+//! fsynced before `append` returns instead (see [`LogStore::set_node_id`]).
+//!
+//! The log lives outside RocksDB so that each entry's bytes are written once: in RocksDB they
+//! went to the WAL, then again into table files at every memtable flush (62 % of the bytes
+//! flushed under batch load), then through compaction, until a snapshot let them be purged.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -16,13 +22,14 @@ use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
-use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
+use rocksdb::{Direction, IteratorMode, DB};
 
 use crate::db::{cf, synced, unsynced};
 use crate::error::{read_err, write_err};
 use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
 use crate::limits::{RECENT_ENTRIES_BYTES_MAX, REPLICATION_READ_BYTES_MAX};
 use crate::recent::RecentEntries;
+use crate::segments::SegmentLog;
 use crate::typ::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
@@ -61,7 +68,10 @@ fn report(observer: &Observer, appends: usize, started: Instant) {
 /// replication tasks use).
 #[derive(Clone)]
 pub struct LogStore {
+    /// The vote, `committed` and `last_purged` (the `raft` column family).
     db: Arc<DB>,
+    /// The entries.
+    segments: Arc<SegmentLog>,
     /// The syncer thread; `None` when appends fsync inline (see [`IoMode`]).
     syncer: Option<Arc<Syncer>>,
     /// Highest committed index this node has learned; for `/cluster` and `/ready`.
@@ -75,22 +85,27 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>, sync: IoMode) -> Result<Self, StoreError> {
+    /// Opens the log whose entries are in `segments_dir` and whose metadata is in `db`. A log
+    /// that an earlier build kept in RocksDB's `log` column family is moved to segments first.
+    pub fn new(db: Arc<DB>, segments_dir: &Path, sync: IoMode) -> Result<Self, StoreError> {
+        let segments = Arc::new(SegmentLog::open(segments_dir)?);
+        move_log_out_of_rocksdb(&db, &segments)?;
         let observer = Observer::default();
         let syncer = match sync {
             IoMode::Inline => None,
             IoMode::Background => {
                 let (queue, pending) = mpsc::channel();
-                let sync_db = db.clone();
+                let sync_segments = segments.clone();
                 let sync_observer = observer.clone();
                 let thread = std::thread::Builder::new()
                     .name("log-syncer".into())
-                    .spawn(move || run_syncer(&sync_db, &pending, &sync_observer))?;
+                    .spawn(move || run_syncer(&sync_segments, &pending, &sync_observer))?;
                 Some(Arc::new(Syncer { queue: Some(queue), thread: Some(thread) }))
             }
         };
         let store = Self {
             db,
+            segments,
             syncer,
             committed_index: Arc::new(AtomicU64::new(0)),
             recent: Arc::new(Mutex::new(RecentEntries::new(RECENT_ENTRIES_BYTES_MAX))),
@@ -99,6 +114,11 @@ impl LogStore {
         };
         if let Some(committed) = store.read_committed_sync()? {
             store.committed_index.store(committed.index, Ordering::Relaxed);
+        }
+        // A purge fsyncs `last_purged` before deleting files: a crash in between leaves
+        // segments of purged entries, which go here.
+        if let Some(purged) = store.get_meta::<LogId>(LAST_PURGED)? {
+            store.segments.purge(purged.index)?;
         }
         Ok(store)
     }
@@ -124,6 +144,11 @@ impl LogStore {
         self.node_id.get().is_some_and(|me| entry.log_id.leader_id.node_id != *me)
     }
 
+    /// Bytes of the log's segment files, for metrics.
+    pub fn files(&self) -> LogFiles {
+        LogFiles(self.segments.clone())
+    }
+
     /// Highest committed log index known to this node.
     pub fn committed_index(&self) -> Arc<AtomicU64> {
         self.committed_index.clone()
@@ -145,15 +170,11 @@ impl LogStore {
     }
 
     fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {
-        let mut iter = self.db.iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::End);
-        match iter.next() {
-            Some(item) => {
-                let (_, value) = item?;
-                let entry = decode_entry(&value)?;
-                Ok(Some(entry.log_id))
-            }
-            None => Ok(None),
-        }
+        let Some(end) = self.segments.end_index() else {
+            return Ok(None);
+        };
+        let last = self.segments.read(end - 1, end, usize::MAX)?;
+        last.first().map(|bytes| decode_entry(bytes).map(|e| e.log_id)).transpose()
     }
 
     /// Entries in `[start, end_exclusive)`, stopping before the one that would take the stored
@@ -167,30 +188,55 @@ impl LogStore {
             return Ok(recent);
         }
         // Older than the window: after a restart, or a follower catching up.
-        let from = log_key(start);
-        let mut bytes = 0usize;
-        for item in self.db.iterator_cf(cf(&self.db, CF_LOG)?, IteratorMode::From(&from, Direction::Forward)) {
-            let (key, value) = item?;
-            let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
-            bytes = bytes.saturating_add(value.len());
-            if index >= end_exclusive || (bytes > bytes_max && !out.is_empty()) {
-                break;
-            }
-            out.push(decode_entry(&value)?);
+        for bytes in self.segments.read(start, end_exclusive, bytes_max)? {
+            out.push(decode_entry(&bytes)?);
         }
         Ok(out)
     }
+}
+
+/// Reads the size of the log's segment files; cheap to clone.
+#[derive(Clone)]
+pub struct LogFiles(Arc<SegmentLog>);
+
+impl LogFiles {
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+}
+
+/// Entries an earlier build kept in RocksDB's `log` column family move to segment files:
+/// appended after what the segments hold (a move interrupted by a crash goes on where it
+/// stopped), fsynced, and only then deleted from RocksDB.
+fn move_log_out_of_rocksdb(db: &DB, segments: &SegmentLog) -> Result<(), StoreError> {
+    let log = cf(db, CF_LOG)?;
+    let Some(first) = db.iterator_cf(log, IteratorMode::Start).next().transpose()? else {
+        return Ok(());
+    };
+    let from = segments.end_index().unwrap_or_else(|| decode_u64(&first.0).unwrap_or(0));
+    let mut moved = 0u64;
+    for item in db.iterator_cf(log, IteratorMode::From(&log_key(from), Direction::Forward)) {
+        let (key, value) = item?;
+        let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
+        segments.append(index, &[value.to_vec()])?;
+        moved += 1;
+    }
+    segments.sync()?;
+    let mut batch = rocksdb::WriteBatch::default();
+    batch.delete_range_cf(log, log_key(0), log_key(u64::MAX));
+    db.write_opt(batch, &synced())?;
+    db.compact_range_cf(log, None::<&[u8]>, None::<&[u8]>);
+    tracing::info!(moved, "moved the Raft log out of RocksDB into segment files");
+    Ok(())
 }
 
 fn decode_entry(bytes: &[u8]) -> Result<Entry, StoreError> {
     bincode::deserialize(bytes).map_err(StoreError::decode("log entry"))
 }
 
-/// Fsyncs the WAL for every batch of queued callbacks, then completes them.
 /// The syncer thread and its queue, shared by every clone of the log store. The last clone
-/// to go closes the queue, which ends the thread, and joins it: the thread's database handle
-/// is gone before that drop returns, so RocksDB is never closed by a thread nobody waits for
-/// (a process exiting meanwhile aborts in RocksDB's static destructors).
+/// to go closes the queue, which ends the thread, and joins it, so no fsync outlives the
+/// store.
 struct Syncer {
     queue: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -205,12 +251,13 @@ impl Drop for Syncer {
     }
 }
 
-fn run_syncer(db: &DB, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>, observer: &Observer) {
+/// Fsyncs the log for every batch of queued callbacks, then completes them.
+fn run_syncer(segments: &SegmentLog, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>, observer: &Observer) {
     while let Ok(first) = queue.recv() {
         let mut waiting = vec![first];
         waiting.extend(queue.try_iter());
         let started = Instant::now();
-        let result = db.flush_wal(true);
+        let result = segments.sync();
         report(observer, waiting.len(), started);
         for callback in waiting {
             let outcome = match &result {
@@ -300,36 +347,43 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// # Correctness
-    /// Entries are readable when this returns; `callback` fires only after the WAL holding
-    /// them is fsynced: by the syncer thread, shared with other appends, or before this
-    /// returns (a follower's appends, and [`IoMode::Inline`]).
+    /// Entries are readable when this returns; `callback` fires only after the segment
+    /// holding them is fsynced: by the syncer thread, shared with other appends, or before
+    /// this returns (a follower's appends, and [`IoMode::Inline`]).
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
-        let mut batch = WriteBatch::default();
+        let mut records = Vec::new();
         let mut appended = Vec::new();
         for entry in entries {
             let bytes = bincode::serialize(&entry).map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
-            batch.put_cf(log, log_key(entry.log_id.index), &bytes);
             appended.push((entry, bytes.len()));
+            records.push(bytes);
         }
+        let Some(first) = appended.first().map(|(entry, _)| entry.log_id.index) else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
         // A leader appends only entries of its own term; a follower catching up may also get
         // entries of this node's earlier leadership, but its newest one is another leader's.
         // Either path fsyncs before the callback: the choice only decides which thread waits.
         let follower = appended.last().is_some_and(|(entry, _)| self.follows(entry));
         match self.syncer.as_ref().filter(|_| !follower) {
             Some(syncer) => {
-                self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+                self.segments.append(first, &records).map_err(write_err)?;
                 self.recent().appended(appended);
                 let stopped = || write_err(StoreError::Corrupt("log syncer thread stopped".into()));
                 syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
             }
             None => {
                 let started = Instant::now();
-                let result = self.db.write_opt(batch, &synced()).map_err(|e| std::io::Error::other(e.to_string()));
+                let result = self
+                    .segments
+                    .append(first, &records)
+                    .and_then(|()| self.segments.sync())
+                    .map_err(|e| std::io::Error::other(e.to_string()));
                 report(&self.observer, 1, started);
                 if result.is_ok() {
                     self.recent().appended(appended);
@@ -346,27 +400,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Deletes `[log_id.index, ∞)` and fsyncs before returning, so a truncated entry can never
     /// reappear after a crash.
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(log, log_key(log_id.index), log_key(u64::MAX));
-        self.db.write_opt(batch, &synced()).map_err(write_err)?;
+        self.segments.truncate(log_id.index).map_err(write_err)?;
         self.recent().truncated(log_id.index);
         Ok(())
     }
 
     /// # Correctness
-    /// `last_purged` and the deletion are one atomic batch. Not fsynced: purged entries are
-    /// covered by the state machine (on disk: a snapshot is built only after flushing it, and
-    /// openraft purges only entries a snapshot covers), and a purge lost in a crash is
-    /// simply redone.
+    /// Purged entries are covered by the state machine on disk (a snapshot is built only
+    /// after flushing it, and openraft purges only entries a snapshot covers). `last_purged`
+    /// is fsynced before a segment file is deleted, so the log never starts after a gap; a
+    /// purge that deletes no file is not fsynced, and if a crash loses it, it is redone.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let log = cf(&self.db, CF_LOG).map_err(write_err)?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
         let bytes = bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(raft, LAST_PURGED, bytes);
-        batch.delete_range_cf(log, log_key(0), log_key(log_id.index + 1));
-        self.db.write_opt(batch, &unsynced()).map_err(write_err)?;
+        let deletes_files = self.segments.purge_deletes_files(log_id.index);
+        let durability = if deletes_files { synced() } else { unsynced() };
+        self.db.put_cf_opt(raft, LAST_PURGED, bytes, &durability).map_err(write_err)?;
+        self.segments.purge(log_id.index).map_err(write_err)?;
         self.recent().purged(log_id.index);
         // Once per snapshot: from here on a follower behind this index needs a snapshot.
         tracing::info!(upto = log_id.index, "purged log");

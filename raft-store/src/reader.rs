@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use crate::command::TopicRecord;
 use crate::db::cf;
 use crate::feeds::{Feeds, TopicSignal};
-use crate::keys::{decode_u64, message_key, topic_scoped_key, ALL_CFS, CF_CURSORS, CF_DEDUP, CF_MESSAGES};
+use crate::keys::{decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, SM_CFS};
 use crate::limits::{READ_BYTES_MAX, READ_MESSAGES_MAX};
 use crate::rules::Topics;
 use crate::StoreError;
@@ -56,11 +56,10 @@ impl StoreReader {
         self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).cloned()
     }
 
-    /// Bytes of table files on disk per column family, from RocksDB's own accounting (what
-    /// memtables hold is not on disk yet). The `log` column family's share is the Raft log's,
-    /// which is purged only behind a snapshot (docs/STORAGE.md).
+    /// Bytes of table files on disk per column family of the state machine, from RocksDB's
+    /// own accounting (what memtables hold is not on disk yet).
     pub fn table_file_bytes(&self) -> Vec<(&'static str, u64)> {
-        ALL_CFS
+        SM_CFS
             .iter()
             .filter_map(|name| {
                 let family = cf(&self.db, name).ok()?;

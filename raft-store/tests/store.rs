@@ -53,7 +53,7 @@ async fn restart_from_disk_gives_the_same_state() {
         store.state_machine.apply(entries).await.unwrap();
         ((dump(&store.reader), store.state_machine.applied_state().await.unwrap()), store.closed)
     };
-    // The log syncer thread lets go of RocksDB (and its lock file) just after the store drops.
+    // RocksDB lets go of its lock file once the last handle to it drops.
     assert!(closed.wait(Duration::from_secs(5)).await);
     let mut store = raft_store::open(dir.path()).unwrap();
     assert_eq!(dump(&store.reader), before.0);
@@ -63,6 +63,41 @@ async fn restart_from_disk_gives_the_same_state() {
     // The next publish continues the sequence.
     let r = store.state_machine.apply([entry(53, publish("a", "next"))]).await.unwrap();
     assert_eq!(r, vec![Response::Published { results: vec![raft_store::PublishResult::Stored { sequence: 26 }] }]);
+}
+
+/// Data directories of earlier builds kept the Raft log in RocksDB's `log` column family:
+/// opening one moves the entries to segment files, and the log reads back whole, with the
+/// purge point kept.
+#[tokio::test]
+async fn a_log_kept_in_rocksdb_by_an_earlier_build_moves_to_segment_files() {
+    use raft_store::keys::{log_key, CF_LOG, CF_RAFT, LAST_PURGED};
+    let dir = tempfile::tempdir().unwrap();
+    let entries: Vec<Entry> = (5..=40).map(|i| entry(i, publish("a", &format!("m{i}")))).collect();
+    {
+        let db = raft_store::db::open(&dir.path().join("db")).unwrap();
+        let log = raft_store::db::cf(&db, CF_LOG).unwrap();
+        for e in &entries {
+            db.put_cf(log, log_key(e.log_id.index), bincode::serialize(e).unwrap()).unwrap();
+        }
+        let purged: raft_store::typ::LogId = LogId::new(CommittedLeaderId::new(1, 1), 4);
+        db.put_cf(raft_store::db::cf(&db, CF_RAFT).unwrap(), LAST_PURGED, bincode::serialize(&purged).unwrap())
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let raft_store::Store { log_store: mut log, state_machine, reader, closed } =
+            raft_store::open(dir.path()).unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(4));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(40));
+        let read = log.get_log_reader().await.try_get_log_entries(5..=40).await.unwrap();
+        assert_eq!(read.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), (5..=40).collect::<Vec<_>>());
+        assert_eq!(format!("{read:?}"), format!("{entries:?}"));
+        drop((log, state_machine, reader));
+        assert!(closed.wait(Duration::from_secs(5)).await);
+    }
+    let db = raft_store::db::open(&dir.path().join("db")).unwrap();
+    let log = raft_store::db::cf(&db, CF_LOG).unwrap();
+    assert!(db.iterator_cf(log, rocksdb::IteratorMode::Start).next().is_none(), "RocksDB no longer holds the log");
 }
 
 /// A publish entry carrying `bytes` of payload.
