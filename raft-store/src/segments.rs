@@ -366,6 +366,25 @@ mod tests {
     }
 
     #[test]
+    fn a_crash_at_any_byte_of_the_last_record_keeps_every_record_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{:020}{SUFFIX}", 1));
+        let log = SegmentLog::open(dir.path()).unwrap();
+        log.append(1, &records(1..4, 40)).unwrap();
+        drop(log);
+        let whole = fs::read(&path).unwrap();
+        let last_starts = whole.len() - (HEADER_BYTES as usize + 40);
+        for cut in last_starts..whole.len() {
+            fs::write(&path, &whole[..cut]).unwrap();
+            let log = SegmentLog::open(dir.path()).unwrap();
+            assert_eq!(log.end_index(), Some(3), "cut at byte {cut}");
+            assert_eq!(fs::metadata(&path).unwrap().len(), last_starts as u64, "the torn bytes are gone");
+            log.append(3, &records(3..4, 40)).unwrap();
+            assert_eq!(log.read(1, 4, usize::MAX).unwrap(), records(1..4, 40));
+        }
+    }
+
+    #[test]
     fn a_bad_record_in_an_older_segment_refuses_the_open() {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
