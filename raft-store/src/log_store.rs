@@ -29,7 +29,7 @@ use crate::error::{read_err, write_err};
 use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
 use crate::limits::{RECENT_ENTRIES_BYTES_MAX, REPLICATION_READ_BYTES_MAX};
 use crate::recent::RecentEntries;
-use crate::segments::SegmentLog;
+use crate::segments::{Record, SegmentLog};
 use crate::typ::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::StoreError;
 
@@ -218,7 +218,7 @@ fn move_log_out_of_rocksdb(db: &DB, segments: &SegmentLog) -> Result<(), StoreEr
     for item in db.iterator_cf(log, IteratorMode::From(&log_key(from), Direction::Forward)) {
         let (key, value) = item?;
         let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
-        segments.append(index, &[value.to_vec()])?;
+        segments.append(index, &[Record::of_payload(&value)?])?;
         moved += 1;
     }
     segments.sync()?;
@@ -358,9 +358,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut appended = Vec::new();
         for entry in entries {
-            let bytes = bincode::serialize(&entry).map_err(|e| write_err(StoreError::decode("log entry")(e)))?;
-            appended.push((entry, bytes.len()));
-            records.push(bytes);
+            let record = Record::encode(&entry).map_err(write_err)?;
+            appended.push((entry, record.payload_len()));
+            records.push(record);
         }
         let Some(first) = appended.first().map(|(entry, _)| entry.log_id.index) else {
             callback.log_io_completed(Ok(()));

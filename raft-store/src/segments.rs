@@ -28,6 +28,42 @@ const SUFFIX: &str = ".log";
 /// Read buffer for scanning a segment when the log opens.
 const SCAN_BUFFER_BYTES: usize = 1 << 20;
 
+/// One record, framed as it goes to disk: header and payload in one buffer, so appending
+/// writes it as it is, with no copy.
+pub struct Record(Vec<u8>);
+
+impl Record {
+    /// Serializes `value` straight after the room left for the header, then fills it in.
+    pub fn encode<T: serde::Serialize>(value: &T) -> Result<Self, StoreError> {
+        let mut bytes = vec![0u8; HEADER_BYTES as usize];
+        bincode::serialize_into(&mut bytes, value).map_err(StoreError::decode("log entry"))?;
+        Self::framed(bytes)
+    }
+
+    /// A record of `payload` as it is (bytes already encoded elsewhere).
+    pub fn of_payload(payload: &[u8]) -> Result<Self, StoreError> {
+        let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + payload.len());
+        bytes.extend_from_slice(&[0u8; HEADER_BYTES as usize]);
+        bytes.extend_from_slice(payload);
+        Self::framed(bytes)
+    }
+
+    fn framed(mut bytes: Vec<u8>) -> Result<Self, StoreError> {
+        let (header, payload) = bytes.split_at_mut(HEADER_BYTES as usize);
+        if payload.len() > LOG_RECORD_BYTES_MAX {
+            return Err(StoreError::Corrupt(format!("a log entry of {} bytes", payload.len())));
+        }
+        header[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        header[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        Ok(Self(bytes))
+    }
+
+    /// Bytes of the payload (the encoded entry).
+    pub fn payload_len(&self) -> usize {
+        self.0.len() - HEADER_BYTES as usize
+    }
+}
+
 /// One segment file and where each of its records starts.
 struct Segment {
     /// Index of the first record.
@@ -112,16 +148,12 @@ impl SegmentLog {
         self.lock().iter().map(|s| s.len).sum()
     }
 
-    /// Writes `records` (the encoded entries `first`, `first + 1`, ...) after the last one,
-    /// without fsync: [`SegmentLog::sync`] makes them durable. `first` must be past the last
-    /// record.
-    pub fn append(&self, first: u64, records: &[Vec<u8>]) -> Result<(), StoreError> {
+    /// Writes `records` (the entries `first`, `first + 1`, ...) after the last one, without
+    /// fsync: [`SegmentLog::sync`] makes them durable. `first` must be past the last record.
+    pub fn append(&self, first: u64, records: &[Record]) -> Result<(), StoreError> {
         let mut segments = self.lock();
         let mut next = first;
         for record in records {
-            if record.len() > LOG_RECORD_BYTES_MAX {
-                return Err(StoreError::Corrupt(format!("log entry {next} is {} bytes", record.len())));
-            }
             let active = match segments.back() {
                 Some(s) if next < s.end() => {
                     return Err(StoreError::Corrupt(format!("append at {next} before log end {}", s.end())));
@@ -140,13 +172,9 @@ impl SegmentLog {
                 }
             };
             let segment = &mut segments[active];
-            let mut bytes = Vec::with_capacity(HEADER_BYTES as usize + record.len());
-            bytes.extend_from_slice(&(record.len() as u32).to_le_bytes());
-            bytes.extend_from_slice(&crc32fast::hash(record).to_le_bytes());
-            bytes.extend_from_slice(record);
-            segment.file.write_all_at(&bytes, segment.len)?;
+            segment.file.write_all_at(&record.0, segment.len)?;
             segment.offsets.push(segment.len);
-            segment.len += bytes.len() as u64;
+            segment.len += record.0.len() as u64;
             next += 1;
         }
         Ok(())
@@ -322,13 +350,17 @@ mod tests {
         range.map(|i| vec![(i % 251) as u8; size]).collect()
     }
 
+    fn framed(payloads: Vec<Vec<u8>>) -> Vec<Record> {
+        payloads.iter().map(|p| Record::of_payload(p).unwrap()).collect()
+    }
+
     #[test]
     fn appended_records_read_back_across_segments_and_after_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
         // Records of a fifth of a segment: the log spans several files.
         let size = (LOG_SEGMENT_BYTES_MAX / 5) as usize;
-        log.append(1, &records(1..13, size)).unwrap();
+        log.append(1, &framed(records(1..13, size))).unwrap();
         log.sync().unwrap();
         assert!(fs::read_dir(dir.path()).unwrap().count() >= 2);
         assert_eq!(log.read(1, 13, usize::MAX).unwrap(), records(1..13, size));
@@ -348,7 +380,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_appends_go_on_after_it() {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
-        log.append(5, &records(5..10, 100)).unwrap();
+        log.append(5, &framed(records(5..10, 100))).unwrap();
         drop(log);
         let path = dir.path().join(format!("{:020}{SUFFIX}", 5));
         let len = fs::metadata(&path).unwrap().len();
@@ -356,7 +388,7 @@ mod tests {
         OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 50).unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
         assert_eq!(log.end_index(), Some(9));
-        log.append(9, &records(9..11, 100)).unwrap();
+        log.append(9, &framed(records(9..11, 100))).unwrap();
         drop(log);
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[0xAB; 20], fs::metadata(&path).unwrap().len() - 20).unwrap();
@@ -370,7 +402,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(format!("{:020}{SUFFIX}", 1));
         let log = SegmentLog::open(dir.path()).unwrap();
-        log.append(1, &records(1..4, 40)).unwrap();
+        log.append(1, &framed(records(1..4, 40))).unwrap();
         drop(log);
         let whole = fs::read(&path).unwrap();
         let last_starts = whole.len() - (HEADER_BYTES as usize + 40);
@@ -379,7 +411,7 @@ mod tests {
             let log = SegmentLog::open(dir.path()).unwrap();
             assert_eq!(log.end_index(), Some(3), "cut at byte {cut}");
             assert_eq!(fs::metadata(&path).unwrap().len(), last_starts as u64, "the torn bytes are gone");
-            log.append(3, &records(3..4, 40)).unwrap();
+            log.append(3, &framed(records(3..4, 40))).unwrap();
             assert_eq!(log.read(1, 4, usize::MAX).unwrap(), records(1..4, 40));
         }
     }
@@ -389,7 +421,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
         let size = (LOG_SEGMENT_BYTES_MAX / 2) as usize;
-        log.append(1, &records(1..5, size)).unwrap();
+        log.append(1, &framed(records(1..5, size))).unwrap();
         drop(log);
         let oldest = dir.path().join(format!("{:020}{SUFFIX}", 1));
         OpenOptions::new().write(true).open(&oldest).unwrap().write_all_at(&[0u8; 16], 100).unwrap();
@@ -401,14 +433,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
         let size = (LOG_SEGMENT_BYTES_MAX / 3) as usize;
-        log.append(1, &records(1..11, size)).unwrap();
+        log.append(1, &framed(records(1..11, size))).unwrap();
         let files = || fs::read_dir(dir.path()).unwrap().count();
         let before = files();
         log.truncate(6).unwrap();
         assert_eq!(log.end_index(), Some(6));
         assert!(files() < before);
         // Different records at the same indexes replace the cut ones.
-        log.append(6, &records(100..103, 10)).unwrap();
+        log.append(6, &framed(records(100..103, 10))).unwrap();
         drop(log);
         let log = SegmentLog::open(dir.path()).unwrap();
         assert_eq!(log.read(6, 9, usize::MAX).unwrap(), records(100..103, 10));
@@ -424,7 +456,7 @@ mod tests {
         // Purging past the end empties the log; the next append starts a new segment anywhere.
         log.purge(20).unwrap();
         assert_eq!((log.first_index(), log.end_index()), (None, None));
-        log.append(21, &records(21..22, 10)).unwrap();
+        log.append(21, &framed(records(21..22, 10))).unwrap();
         drop(log);
         let log = SegmentLog::open(dir.path()).unwrap();
         assert_eq!((log.first_index(), log.end_index()), (Some(21), Some(22)));
@@ -434,9 +466,9 @@ mod tests {
     fn an_append_past_the_end_leaves_a_gap_that_reads_skip() {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
-        log.append(1, &records(1..3, 10)).unwrap();
-        log.append(5, &records(5..7, 10)).unwrap();
-        assert!(matches!(log.append(6, &records(6..7, 10)), Err(StoreError::Corrupt(_))));
+        log.append(1, &framed(records(1..3, 10))).unwrap();
+        log.append(5, &framed(records(5..7, 10))).unwrap();
+        assert!(matches!(log.append(6, &framed(records(6..7, 10))), Err(StoreError::Corrupt(_))));
         drop(log);
         let log = SegmentLog::open(dir.path()).unwrap();
         let mut expected = records(1..3, 10);
@@ -449,10 +481,10 @@ mod tests {
     fn truncating_at_a_segment_start_deletes_that_segment() {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path()).unwrap();
-        log.append(3, &records(3..6, 10)).unwrap();
+        log.append(3, &framed(records(3..6, 10))).unwrap();
         log.truncate(3).unwrap();
         assert_eq!(log.end_index(), None);
-        log.append(3, &records(50..52, 10)).unwrap();
+        log.append(3, &framed(records(50..52, 10))).unwrap();
         assert_eq!(log.read(3, 5, usize::MAX).unwrap(), records(50..52, 10));
     }
 }
