@@ -46,7 +46,8 @@ pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;
 pub const ACKS_PER_COMMAND_MAX: usize = 10_000;
 
 /// Bytes after which the Raft log starts a new segment file. The log is purged a whole
-/// segment at a time, so this is also how much purged log may stay on disk.
+/// segment at a time, so this is also how much purged log may stay on disk; and it is the
+/// size of a preallocated spare segment (segments.rs), of which up to two may wait.
 pub const LOG_SEGMENT_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// Largest log record accepted: far above the biggest entry (a 16 MiB batch body with the

@@ -88,7 +88,8 @@ impl LogStore {
     /// Opens the log whose entries are in `segments_dir` and whose metadata is in `db`. A log
     /// that an earlier build kept in RocksDB's `log` column family is moved to segments first.
     pub fn new(db: Arc<DB>, segments_dir: &Path, sync: IoMode) -> Result<Self, StoreError> {
-        let segments = Arc::new(SegmentLog::open(segments_dir)?);
+        // Spare segments are prepared by a thread of their own: only with background I/O.
+        let segments = Arc::new(SegmentLog::open(segments_dir, sync == IoMode::Background)?);
         move_log_out_of_rocksdb(&db, &segments)?;
         let observer = Observer::default();
         let syncer = match sync {
@@ -218,7 +219,7 @@ fn move_log_out_of_rocksdb(db: &DB, segments: &SegmentLog) -> Result<(), StoreEr
     for item in db.iterator_cf(log, IteratorMode::From(&log_key(from), Direction::Forward)) {
         let (key, value) = item?;
         let index = decode_u64(&key).ok_or_else(|| StoreError::Corrupt("log key".into()))?;
-        segments.append(index, &[Record::of_payload(&value)?])?;
+        segments.append(index, vec![Record::of_payload(&value)?])?;
         moved += 1;
     }
     segments.sync()?;
@@ -372,7 +373,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let follower = appended.last().is_some_and(|(entry, _)| self.follows(entry));
         match self.syncer.as_ref().filter(|_| !follower) {
             Some(syncer) => {
-                self.segments.append(first, &records).map_err(write_err)?;
+                self.segments.append(first, records).map_err(write_err)?;
                 self.recent().appended(appended);
                 let stopped = || write_err(StoreError::Corrupt("log syncer thread stopped".into()));
                 syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
@@ -381,7 +382,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let started = Instant::now();
                 let result = self
                     .segments
-                    .append(first, &records)
+                    .append(first, records)
                     .and_then(|()| self.segments.sync())
                     .map_err(|e| std::io::Error::other(e.to_string()));
                 report(&self.observer, 1, started);
