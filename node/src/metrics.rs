@@ -145,7 +145,11 @@ impl Default for Metrics {
             log_entries.clone(),
         );
         let log_bytes = Gauge::<u64, AtomicU64>::default();
-        registry.register("raft_log_bytes", "Bytes of this node's Raft log segment files", log_bytes.clone());
+        registry.register(
+            "raft_log_bytes",
+            "Bytes of the records (and segment headers) of this node's Raft log",
+            log_bytes.clone(),
+        );
         let table_file_bytes = Family::<ColumnFamilyLabel, Gauge<u64, AtomicU64>>::default();
         registry.register(
             "storage_table_file_bytes",
