@@ -61,8 +61,11 @@ const ZERO_FILL_CHUNKS_PER_FLUSH: u64 = 256;
 /// 20 KB at 64 in flight), not for batches (1 MiB entries, each fsync long anyway; measured:
 /// the same rate, 75 % more bytes written and a higher p99).
 const SPARE_WORTH_RECORD_BYTES_MAX: u64 = 64 * 1024;
+/// Free disk below which no spare is written or kept: a spare must never be what fills the
+/// disk that the log, RocksDB and snapshots need.
+const SPARE_FREE_BYTES_MIN: u64 = 4 * LOG_SEGMENT_BYTES_MAX;
 /// How long the preparer waits before trying again after failing (a full disk, say).
-const SPARE_RETRY_AFTER: Duration = Duration::from_secs(10);
+const SPARE_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// One record, framed as it goes to disk: header and payload in one buffer, so appending
 /// writes it as it is, with no copy.
@@ -140,8 +143,9 @@ impl Segment {
 
     /// Makes the records durable and cuts the file after them, before a newer segment starts:
     /// only the newest segment may have bytes past its last record.
+    /// Also cuts bytes a failed write may have left past `len`.
     fn seal(&mut self) -> Result<(), StoreError> {
-        if self.preallocated {
+        if self.preallocated || self.file.metadata()?.len() != self.len {
             self.file.set_len(self.len)?;
             self.file.sync_all()?;
             self.preallocated = false;
@@ -279,17 +283,16 @@ impl SegmentLog {
             Some(spares) => spares.take_as(&path)?,
             None => None,
         };
-        let (file, salt, preallocated) = match spare {
-            Some(spare) => (spare.file, spare.salt, true),
+        let started = match spare {
+            Some(spare) => sync_dir(&self.dir).map(|()| (spare.file, spare.salt, true)),
             None => {
-                let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
-                let salt = new_salt(0);
-                file.write_all_at(&segment_header(salt), 0)?;
-                file.sync_all()?;
-                (file, salt, false)
+                new_segment_file(&path).and_then(|(file, salt)| Ok((file, salt, sync_dir(&self.dir).map(|()| false)?)))
             }
         };
-        sync_dir(&self.dir)?;
+        // A file left under the name would start a segment the log does not know of.
+        let (file, salt, preallocated) = started.inspect_err(|_| {
+            let _ = fs::remove_file(&path);
+        })?;
         Ok(Segment {
             first,
             path,
@@ -366,12 +369,13 @@ impl SegmentLog {
         }
         if let Some(segment) = segments.back_mut().filter(|s| s.end() > index) {
             let position = (index - segment.first) as usize;
+            // Cut, not just forgotten: the removed records carry this segment's salt, and one
+            // right after a shorter new record would read as valid after a crash. On disk
+            // first, so a failed cut leaves the records known.
+            segment.file.set_len(segment.offsets[position])?;
+            segment.file.sync_all()?;
             segment.len = segment.offsets[position];
             segment.offsets.truncate(position);
-            // Cut, not just forgotten: the removed records carry this segment's salt, and one
-            // right after a shorter new record would read as valid after a crash.
-            segment.file.set_len(segment.len)?;
-            segment.file.sync_all()?;
             segment.preallocated = false;
         }
         Ok(())
@@ -392,10 +396,16 @@ impl SegmentLog {
         self.unpurged_from.fetch_max(index.saturating_add(1), Ordering::AcqRel);
         while segments.front().is_some_and(|s| s.end() <= index.saturating_add(1)) {
             if let Some(segment) = segments.pop_front() {
-                let recycler =
-                    self.spares.as_ref().filter(|s| segment.len >= LOG_SEGMENT_BYTES_MAX && s.wants_recycled());
+                // Kept only with room to spare: a full disk frees what purge deletes.
+                let recycler = self.spares.as_ref().filter(|s| {
+                    segment.len >= LOG_SEGMENT_BYTES_MAX && s.wants_recycled() && disk_has_room_for_spares(&self.dir)
+                });
                 match recycler {
                     Some(spares) => {
+                        // The newest segment was never sealed: cut what lies past its records
+                        // (older records, of another salt) before it is used again.
+                        let mut segment = segment;
+                        segment.seal()?;
                         let recycled = self.dir.join(format!("{:020}{SPARE_SUFFIX}", segment.first));
                         fs::rename(&segment.path, &recycled)?;
                         sync_dir(&self.dir)?;
@@ -583,6 +593,12 @@ fn fill_spare(path: &Path, salt: u32, shared: &SpareShared) -> Result<Option<(Fi
         drop_cached_pages(&file);
         return Ok(Some((file, salt)));
     }
+    if !disk_has_room_for_spares(path.parent().unwrap_or(path)) {
+        return Err(StoreError::Io(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "too little free disk for a spare log segment",
+        )));
+    }
     let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
     // Whole pages from byte 0, the header written over the first after.
@@ -619,6 +635,28 @@ fn drop_cached_pages(file: &File) {
 /// The salt of a segment header, or `None` for a headerless segment.
 fn salt_of(header: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Option<u32> {
     (header[..8] == MAGIC).then(|| u32::from_le_bytes([header[8], header[9], header[10], header[11]]))
+}
+
+/// A new, empty segment file with a header of a fresh salt, durable.
+fn new_segment_file(path: &Path) -> Result<(File, u32), StoreError> {
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+    let salt = new_salt(0);
+    file.write_all_at(&segment_header(salt), 0)?;
+    file.sync_all()?;
+    Ok((file, salt))
+}
+
+/// Whether the file system holding `dir` has room for spares: [`SPARE_FREE_BYTES_MIN`] free
+/// for the log's own growth and everything else on the disk. Unknown counts as no.
+fn disk_has_room_for_spares(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `path` is a valid C string and `stats` a zeroed struct statvfs the call fills.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return false;
+    }
+    (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64) >= SPARE_FREE_BYTES_MIN
 }
 
 /// A random salt, never 0 (the headerless format's) nor `old` (the recycled file's).
@@ -775,7 +813,8 @@ mod tests {
         log.append(c, framed(records(c..c + 2, 10))).unwrap();
         log.sync().unwrap();
         let path = segment_path(dir.path(), c);
-        assert!(fs::metadata(&path).unwrap().len() >= LOG_SEGMENT_BYTES_MAX, "segment c is the recycled file");
+        let recycled_len = SEGMENT_HEADER_BYTES + per_segment * (HEADER_BYTES + size as u64);
+        assert_eq!(fs::metadata(&path).unwrap().len(), recycled_len, "segment c is the recycled file, not zeros");
         assert!(!segment_path(dir.path(), a).with_extension("spare").exists());
         assert_eq!(log.read(c, c + 10, usize::MAX).unwrap(), records(c..c + 2, 10));
         // A crash now: the old records after the new ones must not come back.
@@ -797,6 +836,30 @@ mod tests {
         let spares = log.spares.as_ref().unwrap();
         assert!(!spares.shared.lock().wanted && !spares.is_ready());
         assert!(fs::read_dir(dir.path()).unwrap().count() == 2, "two segments, no spare file");
+    }
+
+    #[test]
+    fn a_record_lost_in_a_crash_ends_a_preallocated_segment_even_with_later_ones_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), true).unwrap();
+        log.wait_for_spare();
+        log.append(1, framed(records(1..7, 100))).unwrap();
+        log.sync().unwrap();
+        drop(log);
+        // Power lost before record 4 reached the disk, though records 5 and 6 did (the page
+        // cache writes back in any order): its bytes are still the spare's zeros.
+        let path = segment_path(dir.path(), 1);
+        let record = HEADER_BYTES + 100;
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&vec![0u8; record as usize], SEGMENT_HEADER_BYTES + 3 * record).unwrap();
+        drop(file);
+        let log = SegmentLog::open(dir.path(), true).unwrap();
+        assert_eq!(log.end_index(), Some(4));
+        assert_eq!(fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_BYTES + 3 * record, "cut, 5 and 6 gone");
+        log.append(4, framed(records(40..41, 100))).unwrap();
+        drop(log);
+        let log = SegmentLog::open(dir.path(), false).unwrap();
+        assert_eq!(log.read(1, 10, usize::MAX).unwrap(), [records(1..4, 100), records(40..41, 100)].concat());
     }
 
     #[test]
@@ -838,6 +901,9 @@ mod tests {
         log.wait_for_spare();
         log.append(4, framed(records(4..6, 10))).unwrap();
         assert_eq!(log.read(4, 6, usize::MAX).unwrap(), records(4..6, 10));
+        assert_eq!(log.bytes(), SEGMENT_HEADER_BYTES + 2 * (HEADER_BYTES + 10), "one segment held");
+        let path = segment_path(dir.path(), 4);
+        assert_eq!(fs::metadata(&path).unwrap().len(), LOG_SEGMENT_BYTES_MAX, "the spare took the name");
         drop(log);
         let log = SegmentLog::open(dir.path(), false).unwrap();
         assert_eq!(log.read(0, 10, usize::MAX).unwrap(), records(4..6, 10));
