@@ -2,8 +2,8 @@
 # One `pubsub bench` run against a fresh 3-node cluster on 127.0.0.1:19081-19083, for A/B
 # comparisons of two builds (run them interleaved: A B A B ...). Prints the bench's numbers,
 # the CPU seconds each node used during the run, the generator's user/system CPU, the
-# nodes' resident memory and bytes written to disk afterwards, and their log fsyncs (count, mean, how many took over
-# 12.8 ms). The cluster and its data are removed at the end.
+# nodes' resident memory and bytes written to disk afterwards, their log fsyncs (count, mean,
+# how many took over 12.8 ms) and log size. The cluster and its data are removed at the end.
 #
 #   benches/ab.sh LABEL NODE_BIN PUBSUB_BIN -- BENCH_ARGS...
 #   benches/ab.sh new target/release/pubsub-node target/release/pubsub -- \

@@ -278,21 +278,20 @@ impl SegmentLog {
 
     /// Starts the segment of `first`: the spare if one is ready, else a new, empty file.
     fn create(&self, first: u64) -> Result<Segment, StoreError> {
-        let path = self.dir.join(format!("{first:020}{SUFFIX}"));
+        let path = file_path(&self.dir, first, SUFFIX);
         let spare = match &self.spares {
             Some(spares) => spares.take_as(&path)?,
             None => None,
         };
-        let started = match spare {
-            Some(spare) => sync_dir(&self.dir).map(|()| (spare.file, spare.salt, true)),
-            None => {
-                new_segment_file(&path).and_then(|(file, salt)| Ok((file, salt, sync_dir(&self.dir).map(|()| false)?)))
-            }
+        let opened = match spare {
+            Some(spare) => Ok((spare.file, spare.salt, true)),
+            None => new_segment_file(&path).map(|(file, salt)| (file, salt, false)),
         };
         // A file left under the name would start a segment the log does not know of.
-        let (file, salt, preallocated) = started.inspect_err(|_| {
-            let _ = fs::remove_file(&path);
-        })?;
+        let (file, salt, preallocated) =
+            opened.and_then(|opened| sync_dir(&self.dir).map(|()| opened)).inspect_err(|_| {
+                let _ = fs::remove_file(&path);
+            })?;
         Ok(Segment {
             first,
             path,
@@ -406,7 +405,7 @@ impl SegmentLog {
                         // (older records, of another salt) before it is used again.
                         let mut segment = segment;
                         segment.seal()?;
-                        let recycled = self.dir.join(format!("{:020}{SPARE_SUFFIX}", segment.first));
+                        let recycled = file_path(&self.dir, segment.first, SPARE_SUFFIX);
                         fs::rename(&segment.path, &recycled)?;
                         sync_dir(&self.dir)?;
                         spares.recycle(recycled);
@@ -572,27 +571,39 @@ fn run_preparer(dir: &Path, shared: &SpareShared) {
 /// zeros. Durable before it returns. `None` when the log closed meanwhile. A failed spare's
 /// file is deleted.
 fn prepare_spare(dir: &Path, recycled: Option<PathBuf>, shared: &SpareShared) -> Result<Option<Spare>, StoreError> {
-    let salt = new_salt(0);
-    let path = recycled.unwrap_or_else(|| dir.join(format!("new-{salt:08x}{SPARE_SUFFIX}")));
-    let result = fill_spare(&path, salt, shared);
+    let (path, result) = match recycled {
+        Some(path) => {
+            let result = resalt(&path).map(Some);
+            (path, result)
+        }
+        None => {
+            let salt = new_salt(0);
+            let path = dir.join(format!("new-{salt:08x}{SPARE_SUFFIX}"));
+            let result = zero_fill(&path, salt, shared).map(|file| file.map(|file| (file, salt)));
+            (path, result)
+        }
+    };
     if !matches!(result, Ok(Some(_))) {
         let _ = fs::remove_file(&path);
     }
     Ok(result?.map(|(file, salt)| Spare { path, file, salt }))
 }
 
-/// A file that exists (recycled) gets a new salt; a new one is written full of zeros.
-fn fill_spare(path: &Path, salt: u32, shared: &SpareShared) -> Result<Option<(File, u32)>, StoreError> {
-    if path.exists() {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let mut old = [0u8; SEGMENT_HEADER_BYTES as usize];
-        file.read_exact_at(&mut old, 0)?;
-        let salt = new_salt(salt_of(&old).unwrap_or(0));
-        file.write_all_at(&segment_header(salt), 0)?;
-        file.sync_data()?;
-        drop_cached_pages(&file);
-        return Ok(Some((file, salt)));
-    }
+/// Gives a purged segment a new salt, so none of its records reads as valid again.
+fn resalt(path: &Path) -> Result<(File, u32), StoreError> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut old = [0u8; SEGMENT_HEADER_BYTES as usize];
+    file.read_exact_at(&mut old, 0)?;
+    let salt = new_salt(salt_of(&old).unwrap_or(0));
+    file.write_all_at(&segment_header(salt), 0)?;
+    file.sync_data()?;
+    drop_cached_pages(&file);
+    Ok((file, salt))
+}
+
+/// Writes a new segment file of `salt`, zeros after its header. `None` when the log closed
+/// meanwhile.
+fn zero_fill(path: &Path, salt: u32, shared: &SpareShared) -> Result<Option<File>, StoreError> {
     if !disk_has_room_for_spares(path.parent().unwrap_or(path)) {
         return Err(StoreError::Io(std::io::Error::new(
             std::io::ErrorKind::StorageFull,
@@ -616,7 +627,7 @@ fn fill_spare(path: &Path, salt: u32, shared: &SpareShared) -> Result<Option<(Fi
     }
     file.write_all_at(&segment_header(salt), 0)?;
     file.sync_all()?;
-    Ok(Some((file, salt)))
+    Ok(Some(file))
 }
 
 /// Drops a recycled segment's pages from the page cache: they were written by whole entries
@@ -659,6 +670,11 @@ fn disk_has_room_for_spares(dir: &Path) -> bool {
     (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64) >= SPARE_FREE_BYTES_MIN
 }
 
+/// The file in `dir` of the segment starting at `first`, with `suffix`: name order is log order.
+fn file_path(dir: &Path, first: u64, suffix: &str) -> PathBuf {
+    dir.join(format!("{first:020}{suffix}"))
+}
+
 /// A random salt, never 0 (the headerless format's) nor `old` (the recycled file's).
 fn new_salt(old: u32) -> u32 {
     loop {
@@ -681,7 +697,6 @@ fn segment_header(salt: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
 fn scan(first: u64, path: PathBuf, newest: bool) -> Result<Segment, StoreError> {
     let file = OpenOptions::new().read(true).write(true).open(&path)?;
     let file_len = file.metadata()?.len();
-    // Sequential reads through one buffer: a restart scans every record of the log.
     let mut start = [0u8; SEGMENT_HEADER_BYTES as usize];
     let salt = if file_len >= SEGMENT_HEADER_BYTES {
         file.read_exact_at(&mut start, 0)?;
@@ -693,6 +708,7 @@ fn scan(first: u64, path: PathBuf, newest: bool) -> Result<Segment, StoreError> 
     let mut at = if salt.is_some() { SEGMENT_HEADER_BYTES } else { 0 };
     let salt = salt.unwrap_or(0);
     (&file).seek(SeekFrom::Start(at))?;
+    // Sequential reads through one buffer: a restart scans every record of the log.
     let mut reader = BufReader::with_capacity(SCAN_BUFFER_BYTES, &file);
     let mut offsets = Vec::new();
     let mut header = [0u8; HEADER_BYTES as usize];
@@ -768,14 +784,20 @@ mod tests {
     }
 
     fn segment_path(dir: &Path, first: u64) -> PathBuf {
-        dir.join(format!("{first:020}{SUFFIX}"))
+        file_path(dir, first, SUFFIX)
+    }
+
+    /// A log in a new directory, with preallocation, once its first spare is ready.
+    fn log_with_a_spare() -> (tempfile::TempDir, SegmentLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), true).unwrap();
+        log.wait_for_spare();
+        (dir, log)
     }
 
     #[test]
     fn a_preallocated_segment_is_overwritten_in_place_and_reopens_cut_to_its_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), true).unwrap();
-        log.wait_for_spare();
+        let (dir, log) = log_with_a_spare();
         log.append(1, framed(records(1..11, 100))).unwrap();
         log.sync().unwrap();
         let path = segment_path(dir.path(), 1);
@@ -795,18 +817,16 @@ mod tests {
 
     #[test]
     fn a_recycled_segment_never_reads_back_its_old_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), true).unwrap();
+        let (dir, log) = log_with_a_spare();
         // Records small enough for a segment to ask for a spare once half full.
         let size = (SPARE_WORTH_RECORD_BYTES_MAX / 2) as usize;
         let per_segment = (LOG_SEGMENT_BYTES_MAX - SEGMENT_HEADER_BYTES).div_ceil(HEADER_BYTES + size as u64);
         let (a, b, c) = (1, 1 + per_segment, 1 + 2 * per_segment);
-        log.wait_for_spare();
         log.append(a, framed(records(a..b, size))).unwrap();
         log.wait_for_spare();
         // Segment a is full and wholly purged: it waits to become the spare after this one.
         log.purge(b - 1).unwrap();
-        assert!(segment_path(dir.path(), a).with_extension("spare").exists());
+        assert!(file_path(dir.path(), a, SPARE_SUFFIX).exists());
         log.append(b, framed(records(b..c, size))).unwrap();
         log.wait_for_spare();
         // Segment c is the recycled file: two short records over its old ones.
@@ -815,7 +835,7 @@ mod tests {
         let path = segment_path(dir.path(), c);
         let recycled_len = SEGMENT_HEADER_BYTES + per_segment * (HEADER_BYTES + size as u64);
         assert_eq!(fs::metadata(&path).unwrap().len(), recycled_len, "segment c is the recycled file, not zeros");
-        assert!(!segment_path(dir.path(), a).with_extension("spare").exists());
+        assert!(!file_path(dir.path(), a, SPARE_SUFFIX).exists());
         assert_eq!(log.read(c, c + 10, usize::MAX).unwrap(), records(c..c + 2, 10));
         // A crash now: the old records after the new ones must not come back.
         drop(log);
@@ -826,9 +846,7 @@ mod tests {
 
     #[test]
     fn segments_of_big_records_ask_for_no_spare() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), true).unwrap();
-        log.wait_for_spare();
+        let (dir, log) = log_with_a_spare();
         // Batch-sized records: the first spare is used, and no zeros are written for a next.
         let size = (SPARE_WORTH_RECORD_BYTES_MAX * 4) as usize;
         let count = LOG_SEGMENT_BYTES_MAX / (size as u64) + 2;
@@ -840,9 +858,7 @@ mod tests {
 
     #[test]
     fn a_record_lost_in_a_crash_ends_a_preallocated_segment_even_with_later_ones_on_disk() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), true).unwrap();
-        log.wait_for_spare();
+        let (dir, log) = log_with_a_spare();
         log.append(1, framed(records(1..7, 100))).unwrap();
         log.sync().unwrap();
         drop(log);
@@ -864,9 +880,7 @@ mod tests {
 
     #[test]
     fn records_cut_from_a_preallocated_segment_stay_cut() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), true).unwrap();
-        log.wait_for_spare();
+        let (dir, log) = log_with_a_spare();
         log.append(1, framed(records(1..7, 100))).unwrap();
         log.truncate(3).unwrap();
         // The same size as the cut record 3: record 4 would sit right after it.
@@ -978,7 +992,7 @@ mod tests {
         let size = (LOG_SEGMENT_BYTES_MAX / 2) as usize;
         log.append(1, framed(records(1..5, size))).unwrap();
         drop(log);
-        let oldest = dir.path().join(format!("{:020}{SUFFIX}", 1));
+        let oldest = segment_path(dir.path(), 1);
         OpenOptions::new().write(true).open(&oldest).unwrap().write_all_at(&[0u8; 16], 100).unwrap();
         assert!(matches!(SegmentLog::open(dir.path(), false), Err(StoreError::Corrupt(_))));
     }
