@@ -555,3 +555,36 @@ async fn a_burst_of_publish_frames_is_answered_frame_by_frame() {
         assert_eq!(m["id"], ack["id"]);
     }
 }
+
+/// A topic deleted and created again while a subscriber is still replaying it: the subscriber
+/// gets what came before the deletion, then `topic_deleted` and a normal close, never the
+/// new incarnation's messages on the same connection (API.md §3).
+#[tokio::test]
+async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post(&format!("{l}/topics/d"), &json!({})).await.unwrap();
+    // 16 MB the subscriber does not read yet: its session is still replaying when the topic
+    // is deleted and created again, whatever the timing.
+    let big = "x".repeat(4000);
+    let mut published = 0u64;
+    for b in 0..4 {
+        let messages: Vec<Value> = (0..1000).map(|i| json!({"id": format!("m{b}-{i}"), "payload": big})).collect();
+        let r = post(&format!("{l}/topics/d/messages/batch"), &json!({"messages": messages})).await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        published += 1000;
+    }
+    let mut ws = ws_connect(&l, "/topics/d/subscribe?subscriber_id=s&cursor=0").await;
+    // Sent once the session watches the topic: the deletion below comes after.
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    assert_eq!(delete(&format!("{l}/topics/d")).await.unwrap().status, 200);
+    assert_eq!(post(&format!("{l}/topics/d"), &json!({})).await.unwrap().status, 201);
+    let r = post(&format!("{l}/topics/d/messages"), &json!({"id": "after", "payload": 1})).await.unwrap();
+    assert_eq!(r.body["sequence"], published + 1);
+    for sequence in 1..=published {
+        let frame = next_frame(&mut ws).await;
+        assert_eq!(frame["sequence"], sequence, "{frame}");
+    }
+    assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"d"}));
+    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+}

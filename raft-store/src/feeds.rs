@@ -19,9 +19,24 @@ pub struct TopicSignal {
     pub deleted: bool,
     /// False when the topic has never existed.
     pub exists: bool,
+    /// Deletions of the topic this node applied since the watch was made (a subscriber
+    /// compares it with the count it started with), and `current_sequence` at the latest.
+    /// A topic deleted and created again in one apply shows `deleted: false`; these say it
+    /// was deleted all the same.
+    pub deletions: u64,
+    pub deleted_after: u64,
 }
 
 impl TopicSignal {
+    /// The signal after `self` once `record` changed, counting a deletion if there was one.
+    fn next(&self, record: &TopicRecord, deleted_after: Option<u64>) -> Self {
+        Self {
+            deletions: self.deletions + u64::from(deleted_after.is_some()),
+            deleted_after: deleted_after.unwrap_or(self.deleted_after),
+            ..Self::of(Some(record))
+        }
+    }
+
     pub fn of(record: Option<&TopicRecord>) -> Self {
         match record {
             Some(r) => Self {
@@ -29,6 +44,8 @@ impl TopicSignal {
                 first_sequence: r.first_sequence,
                 deleted: r.deleted,
                 exists: true,
+                deletions: 0,
+                deleted_after: 0,
             },
             None => Self::default(),
         }
@@ -72,13 +89,18 @@ impl Feeds {
         self.watchers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Called by `apply` with the watchers lock held and the topics already updated.
-    pub(crate) fn notify(watchers: &mut HashMap<String, watch::Sender<TopicSignal>>, record: &TopicRecord) {
+    /// Called by `apply` with the watchers lock held and the topics already updated;
+    /// `deleted_after` is `current_sequence` at the latest deletion that apply made, if any.
+    pub(crate) fn notify(
+        watchers: &mut HashMap<String, watch::Sender<TopicSignal>>,
+        record: &TopicRecord,
+        deleted_after: Option<u64>,
+    ) {
         if let Some(sender) = watchers.get(&record.name) {
             if sender.receiver_count() == 0 {
                 watchers.remove(&record.name);
             } else {
-                sender.send_replace(TopicSignal::of(Some(record)));
+                sender.send_modify(|signal| *signal = signal.next(record, deleted_after));
             }
         }
     }
@@ -91,7 +113,11 @@ impl Feeds {
     pub(crate) fn notify_all(&self, topics: &Topics) {
         let mut watchers = self.lock();
         watchers.retain(|name, sender| {
-            sender.send_replace(TopicSignal::of(topics.by_name.get(name)));
+            sender.send_modify(|signal| {
+                let deletions = (signal.deletions, signal.deleted_after);
+                *signal = TopicSignal::of(topics.by_name.get(name));
+                (signal.deletions, signal.deleted_after) = deletions;
+            });
             sender.receiver_count() > 0
         });
     }

@@ -166,8 +166,20 @@ impl LogStore {
         }
     }
 
+    /// The saved commit index, but never past the log's last entry. `save_committed` is not
+    /// fsynced, and a leader saves an index its two followers fsynced before its own flush
+    /// of those entries ends; a later synced write (a vote) can make the index durable first.
+    /// After a power cut the log may then end below it, and openraft, which re-applies up to
+    /// the commit index on start, would refuse to start. Every entry up to the log's end is
+    /// committed (the log is a prefix of the one the index was counted on); the node learns
+    /// the rest from the leader.
     fn read_committed_sync(&self) -> Result<Option<LogId>, StoreError> {
-        self.get_meta(COMMITTED)
+        let Some(committed) = self.get_meta::<LogId>(COMMITTED)? else { return Ok(None) };
+        let durable_end = match self.last_log_id()? {
+            Some(last) => Some(last),
+            None => self.get_meta::<LogId>(LAST_PURGED)?,
+        };
+        Ok(durable_end.map(|end| if end.index < committed.index { end } else { committed }))
     }
 
     fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {

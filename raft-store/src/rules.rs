@@ -42,6 +42,10 @@ pub trait SmStore {
 pub struct Topics {
     pub by_name: HashMap<String, TopicRecord>,
     pub next_topic_id: u64,
+    /// Topics deleted by the commands applied since the state machine last took this list,
+    /// each with its `current_sequence` at the deletion (in memory only): a deletion and a
+    /// revival applied together would otherwise leave no trace for live subscribers.
+    pub deletions: Vec<(String, u64)>,
 }
 
 /// Applies one command. Returns the response and the names of the topics it changed (their
@@ -152,6 +156,7 @@ fn delete_topic(topics: &mut Topics, name: &str) -> (Response, Vec<String>) {
     match topics.by_name.get_mut(name) {
         Some(record) if !record.deleted => {
             record.deleted = true;
+            topics.deletions.push((name.to_string(), record.current_sequence));
             (Response::TopicDeleted, vec![name.to_string()])
         }
         _ => (Response::TopicNotFound, vec![]),

@@ -104,6 +104,7 @@ impl StateMachine {
         let mut topics = Topics {
             by_name: HashMap::new(),
             next_topic_id: self.db.get_cf(meta, NEXT_TOPIC_ID)?.as_deref().and_then(decode_u64).unwrap_or(0),
+            deletions: Vec::new(),
         };
         for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
             let (_, value) = item?;
@@ -158,9 +159,10 @@ impl StateMachine {
         batch.batch.put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
         self.db.write_opt(batch.batch, &unlogged())?;
 
+        let deletions: HashMap<String, u64> = topics.deletions.drain(..).collect();
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {
-                Feeds::notify(&mut watchers, record);
+                Feeds::notify(&mut watchers, record, deletions.get(name).copied());
             }
         }
         drop(topics);
@@ -329,7 +331,9 @@ impl SnapshotFiles {
         snapshot::install_pending(&self.db, &self.dir.join(&pending.file_name), &pending.meta)
     }
 
-    fn build(&self) -> Result<SnapshotMeta, StoreError> {
+    /// Writes a snapshot of the current state and makes it current unless a newer one is.
+    /// Returns the file opened: an install finishing meanwhile may remove its name.
+    fn build(&self) -> Result<(SnapshotMeta, std::fs::File), StoreError> {
         let part = self.dir.join(format!("build-{}.part", unique_suffix()));
         let (last_log_id, last_membership) = snapshot::write(&self.db, &part)?;
         // Applies skip the WAL: once this snapshot exists openraft purges the log entries it
@@ -341,9 +345,12 @@ impl SnapshotFiles {
             None => format!("empty-{}", unique_suffix()),
         };
         std::fs::rename(&part, self.path(&snapshot_id))?;
+        // Durable under its name before it is recorded as current and the log behind it purged.
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        let file = std::fs::File::open(self.path(&snapshot_id))?;
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         self.set_current(&meta)?;
-        Ok(meta)
+        Ok((meta, file))
     }
 }
 
@@ -367,9 +374,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     /// describes exactly the state at its `last_log_id`, whatever `apply` does meanwhile.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let files = self.files.clone();
-        let meta = self.files.blocking(move || files.build()).await.map_err(sm_write_err)?;
+        let (meta, file) = self.files.blocking(move || files.build()).await.map_err(sm_write_err)?;
         tracing::info!(snapshot = %meta.snapshot_id, "built snapshot");
-        open_snapshot(&self.files, meta).await.map_err(read_err)
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotFile(file)) })
     }
 }
 
@@ -418,22 +425,27 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             source.seek(std::io::SeekFrom::Start(0))?;
             let mut target = std::fs::File::create(&part)?;
             std::io::copy(&mut source, &mut target)?;
-            target.sync_all()?;
-            std::fs::rename(&part, &path)
+            target.sync_all()
         };
         copy().map_err(|e| sm_write_err(StoreError::Io(e)))?;
 
-        let (db, meta_owned, install_path) = (self.db.clone(), meta.clone(), path.clone());
+        let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
         let files = self.snapshots.clone();
         files
             .blocking(move || {
+                // From the file's name to its install and the removal of older files, one
+                // critical section: a snapshot build finishing meanwhile (`set_current`) would
+                // otherwise see the received file as older than itself and remove it.
                 let _guard = guard_files.lock.lock().unwrap_or_else(|e| e.into_inner());
-                snapshot::install(&db, &install_path, &meta_owned)
+                std::fs::rename(&part, &path)?;
+                // The pending-install marker names the file: its name must be durable first.
+                std::fs::File::open(&guard_files.dir)?.sync_all()?;
+                snapshot::install(&db, &path, &meta_owned)?;
+                guard_files.remove_other_files(&meta_owned.snapshot_id)
             })
             .await
             .map_err(sm_write_err)?;
-        self.snapshots.remove_other_files(&meta.snapshot_id).map_err(sm_write_err)?;
 
         {
             // Readers must not see a half-loaded topic map: hold the feeds lock as apply does.

@@ -337,3 +337,40 @@ async fn every_durable_append_is_reported_to_the_fsync_observer() {
     }
     assert_eq!((inline.fsyncs.load(Relaxed), inline.appends.load(Relaxed)), (3, 3));
 }
+
+/// A leader saves a commit index its followers fsynced before its own flush of those entries
+/// ends (`save_committed` is not fsynced), and a later synced write (a vote) can make the index
+/// durable first. After a power cut that loses the unflushed entries, the node must still start:
+/// openraft re-applies up to the commit index it reads, so it may never be past the log.
+#[tokio::test]
+async fn a_commit_index_ahead_of_the_durable_log_after_a_power_cut_still_starts() {
+    use openraft::storage::StorageHelper;
+    use openraft::Vote;
+    let dir = tempfile::tempdir().unwrap();
+    let segment = {
+        let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
+        // From index 0, as a real log (openraft reads the first entry's id on start).
+        let durable = vec![entry(0, create("a")), entry(1, publish("a", "x")), entry(2, publish("a", "y"))];
+        store.log_store.blocking_append(durable.clone()).await.unwrap();
+        store.state_machine.apply(durable).await.unwrap();
+        let segment = std::fs::read_dir(dir.path().join("log")).unwrap().next().unwrap().unwrap().path();
+        let durable_len = std::fs::metadata(&segment).unwrap().len();
+        store.log_store.blocking_append([entry(3, publish("a", "z")), entry(4, publish("a", "w"))]).await.unwrap();
+        store.log_store.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 4))).await.unwrap();
+        store.log_store.save_vote(&Vote::new(2, 2)).await.unwrap();
+        let closed = store.closed;
+        drop((store.log_store, store.state_machine, store.reader));
+        assert!(closed.wait(Duration::from_secs(5)).await);
+        (segment, durable_len)
+    };
+    // The power cut: entries 3 and 4 never reached the disk.
+    std::fs::OpenOptions::new().write(true).open(&segment.0).unwrap().set_len(segment.1).unwrap();
+
+    let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
+    let committed = store.log_store.read_committed().await.unwrap();
+    assert_eq!(committed.map(|c| c.index), Some(2), "the commit index is cut to the log's end");
+    let state = StorageHelper::new(&mut store.log_store, &mut store.state_machine).get_initial_state().await;
+    state.expect("the node starts");
+    let (applied, _) = store.state_machine.applied_state().await.unwrap();
+    assert_eq!(applied.map(|a| a.index), Some(2));
+}

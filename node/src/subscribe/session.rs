@@ -158,6 +158,7 @@ async fn serve_inner(
     client_gone: &Notify,
 ) -> Result<End, End> {
     let mut watch = app.reader.watch_topic(&s.topic);
+    let deletions_at_start = watch.borrow().deletions;
     let server = app.raft.server_metrics();
     let mut last_leader = server.borrow().current_leader;
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
@@ -175,46 +176,22 @@ async fn serve_inner(
 
     loop {
         let signal = *watch.borrow_and_update();
+        // Deleted since the session started, perhaps created again since: what came before
+        // the deletion is delivered, then the notice, even if the topic is live again.
+        let deleted_since_start = signal.deletions != deletions_at_start;
+        let last = if deleted_since_start { signal.deleted_after } else { signal.current_sequence };
         if signal.first_sequence > cursor + 1 {
             send_all(sink, [frames::messages_expired(&s.topic, cursor, signal.first_sequence)]).await?;
             cursor = signal.first_sequence - 1;
         }
-        if cursor < signal.current_sequence {
-            let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES);
-            if page.is_empty() {
-                let stored = app.reader.read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
-                    tracing::error!(error = %e, "subscription cannot read storage");
-                    End::Close(1011, "storage error")
-                })?;
-                page = stored
-                    .iter()
-                    .map(|(sequence, message)| {
-                        (*sequence, Utf8Bytes::from(frames::message(&s.topic, *sequence, message)))
-                    })
-                    .collect();
-                app.frames.put(s.topic_id, &page);
-            }
-            if page.is_empty() {
-                // Everything up to the signal was trimmed meanwhile; the next signal says so.
-                cursor = cursor.max(signal.first_sequence.saturating_sub(1));
+        if cursor < last {
+            if deliver_page(app, sink, s, &mut cursor, last).await? {
                 continue;
             }
-            let delivered = page.len() as u64;
-            let mut out = Vec::with_capacity(page.len() + 1);
-            for (sequence, frame) in page {
-                debug_assert!(sequence > cursor);
-                if sequence != cursor + 1 {
-                    // Trimmed between the signal and the read: say so, then go on.
-                    out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, cursor, sequence)));
-                }
-                out.push(frame);
-                cursor = sequence;
-            }
-            send_all(sink, out).await?;
-            app.metrics.delivered.inc_by(delivered);
-            continue;
-        }
-        if signal.deleted {
+            // Storage holds nothing after the cursor yet the signal says there is more: a
+            // snapshot install is rewriting it. The install signals when done; spinning here
+            // would hold every session of this delivery thread until then.
+        } else if signal.deleted || deleted_since_start {
             send_all(sink, [frames::topic_deleted(&s.topic)]).await?;
             return Ok(End::Close(1000, "topic deleted"));
         }
@@ -242,6 +219,48 @@ async fn serve_inner(
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
+}
+
+/// Sends the next page of messages after `cursor`, up to `last`, and moves the cursor past
+/// them. Messages trimmed meanwhile are announced with `messages_expired`. False when storage
+/// had nothing after the cursor (the cursor did not move).
+async fn deliver_page(app: &SharedApp, sink: &mut Sink, s: &Session, cursor: &mut u64, last: u64) -> Result<bool, End> {
+    let mut page = app.frames.get(s.topic_id, *cursor, SUBSCRIBE_PAGE_MESSAGES);
+    if page.is_empty() {
+        let stored = app.reader.read_messages(s.topic_id, *cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
+            tracing::error!(error = %e, "subscription cannot read storage");
+            End::Close(1011, "storage error")
+        })?;
+        page = stored
+            .iter()
+            .map(|(sequence, message)| (*sequence, Utf8Bytes::from(frames::message(&s.topic, *sequence, message))))
+            .collect();
+        app.frames.put(s.topic_id, &page);
+    }
+    let Some(&(first, _)) = page.first() else { return Ok(false) };
+    let mut out = Vec::with_capacity(page.len() + 1);
+    let mut delivered = 0;
+    for (sequence, frame) in page {
+        debug_assert!(sequence > *cursor);
+        if sequence > last {
+            break;
+        }
+        if sequence != *cursor + 1 {
+            // Trimmed between the signal and the read: say so, then go on.
+            out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, sequence)));
+        }
+        out.push(frame);
+        *cursor = sequence;
+        delivered += 1;
+    }
+    if first > last {
+        // Everything up to `last` (a deletion's sequence) was trimmed meanwhile.
+        out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, first)));
+        *cursor = last;
+    }
+    send_all(sink, out).await?;
+    app.metrics.delivered.inc_by(delivered);
+    Ok(true)
 }
 
 /// The leader each time the server's metrics change; ends when Raft shuts down. A stream, so
