@@ -70,7 +70,9 @@ pub enum Event {
         /// The first sequence still retained.
         first_available_sequence: u64,
     },
-    /// The topic was deleted; the stream ends after this event.
+    /// The topic was deleted; the stream ends after this event. Also when the connection
+    /// dropped and every node then denies the topic (`topic_not_found`): it was deleted
+    /// meanwhile, and the messages after the last one delivered went with it.
     TopicDeleted,
     /// The node serving the subscription saw a new leader (the client's leader cache is
     /// updated too). The subscription itself goes on.
@@ -474,6 +476,13 @@ impl Worker {
                 Some(s) => s,
                 None => match self.reconnect().await {
                     Ok(s) => s,
+                    Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound => {
+                        // The topic existed when this subscription started and every node
+                        // now denies it: it was deleted while the connection was down. Said
+                        // the way a connected subscriber hears it.
+                        let _ = self.events.send(Ok(Event::TopicDeleted)).await;
+                        return;
+                    }
                     Err(error) => {
                         let _ = self.events.send(Err(error)).await;
                         return;

@@ -421,6 +421,35 @@ async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_n
 }
 
 #[tokio::test]
+async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted() {
+    // The first connection serves a message and drops; then the node answers 404
+    // topic_not_found, as a node does for a deleted topic.
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = Router::new().route(
+        "/topics/{name}/subscribe",
+        get(move |ws: WebSocketUpgrade| {
+            let connections = connections.clone();
+            async move {
+                if connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                    return error_response(404, "topic_not_found", json!({})) as Response;
+                }
+                ws.on_upgrade(|mut socket| async move {
+                    send(&mut socket, sub_frame(0)).await;
+                    send(&mut socket, msg(1)).await;
+                })
+            }
+        }),
+    );
+    let node = serve(app).await;
+    let client = fast_client(&[&node]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+}
+
+#[tokio::test]
 async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error() {
     let node = ws_node(Shared::default(), |n, mut socket, _| async move {
         if n == 0 {
