@@ -472,9 +472,13 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
         .await
         .unwrap();
     ws.send(Message::Text("not json".into())).await.unwrap();
+    // JSON, but an id of the wrong type: its error still names its ref.
+    ws.send(Message::Text(json!({"type": "publish", "ref": "typed", "id": 5, "payload": 1}).to_string().into()))
+        .await
+        .unwrap();
     let mut sequences = std::collections::BTreeMap::new();
     let mut errors = Vec::new();
-    while sequences.len() + errors.len() < 52 {
+    while sequences.len() + errors.len() < 53 {
         let frame = next_frame(&mut ws).await;
         match frame["type"].as_str() {
             Some("ack") => {
@@ -490,6 +494,8 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     let dup = errors.iter().find(|e| e["ref"] == "dup").expect("duplicate answered");
     assert_eq!((&dup["error"], &dup["existing_sequence"]), (&json!("duplicate_message_id"), &json!(sequences[&0])));
     assert!(errors.iter().any(|e| e["ref"].is_null() && e["error"] == "invalid_request"));
+    let typed = errors.iter().find(|e| e["ref"] == "typed").expect("the wrong-typed frame answered with its ref");
+    assert_eq!(typed["error"], "invalid_request");
     // Every acked message is readable with the sequence it was acked with.
     let (_, body) = http::get_json(&format!("{l}/topics/w/messages?after=0&limit=100")).await.unwrap();
     for m in body["messages"].as_array().unwrap() {
@@ -587,4 +593,21 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
     }
     assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"d"}));
     assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+}
+
+/// A publish frame over the size limit is answered `payload_too_large` before the connection
+/// closes, as the same body is answered 413 over HTTP (API.md §8).
+#[tokio::test]
+async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
+    let mut ws = ws_connect(&l, "/topics/big/publish").await;
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let frame = json!({"type": "publish", "ref": 1, "id": "huge", "payload": huge});
+    ws.send(Message::Text(frame.to_string().into())).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!((&answer["type"], &answer["error"]), (&json!("error"), &json!("payload_too_large")), "{answer}");
+    let r = get(&format!("{l}/topics/big")).await.unwrap();
+    assert_eq!(r.body["current_sequence"], 0, "nothing was stored");
 }

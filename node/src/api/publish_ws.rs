@@ -45,6 +45,14 @@ struct PublishFrame {
     timestamp: Option<u64>,
 }
 
+/// The `ref` of a frame that is JSON but not a valid publish frame (a field missing or of the
+/// wrong type), so its error can still be matched to it; read only on that error path.
+#[derive(Deserialize)]
+struct FrameRef {
+    #[serde(rename = "ref", default)]
+    reference: Option<Box<RawValue>>,
+}
+
 pub async fn upgrade(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
@@ -119,7 +127,12 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             Read::Text(text) => vec![text],
             Read::Other => continue,
             Read::Closed => break,
+            Read::TooLarge => {
+                let _ = tx.send(too_large_frame()).await;
+                break;
+            }
         };
+        let mut too_large = false;
         // Frames that were read with the first one (a client with many in flight sends them
         // in bursts) need no wait: they join its proposal.
         let mut bytes = group[0].len();
@@ -135,12 +148,19 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                     open = false;
                     break;
                 }
+                Read::TooLarge => {
+                    (too_large, open) = (true, false);
+                    break;
+                }
             }
         }
         // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
         let Ok(permit) = permits.clone().acquire_many_owned(group.len() as u32).await else {
             break;
         };
+        if too_large {
+            let _ = tx.send(too_large_frame()).await;
+        }
         let (app, tx, topic) = (app.clone(), tx.clone(), topic.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -161,14 +181,31 @@ enum Read {
     Other,
     /// The client closed, or the connection broke.
     Closed,
+    /// A frame over the size limit: the connection cannot go on, but the client is told why.
+    TooLarge,
 }
 
 fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
     match message {
         Some(Ok(Message::Text(text))) => Read::Text(text),
+        Some(Err(e)) if is_over_size_limit(&e) => Read::TooLarge,
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Read::Closed,
         Some(Ok(_)) => Read::Other,
     }
+}
+
+fn is_over_size_limit(e: &axum::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
+/// The answer to a frame over [`PUBLISH_BODY_BYTES_MAX`]; its `ref` was never read.
+fn too_large_frame() -> String {
+    let e = ApiError::PayloadTooLarge(format!(
+        "a publish frame is limited to {PUBLISH_BODY_BYTES_MAX} bytes; the connection closes"
+    ));
+    error_frame(None, &e)
 }
 
 /// A frame that passed the checks at the edge, waiting for its group's commit.
@@ -191,7 +228,9 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
         let frame = match serde_json::from_str::<PublishFrame>(text.as_str()) {
             Ok(frame) => frame,
             Err(e) => {
-                answers[at] = error_frame(None, &ApiError::InvalidRequest(format!("invalid frame: {e}")));
+                let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
+                let error = ApiError::InvalidRequest(format!("invalid frame: {e}"));
+                answers[at] = error_frame(reference.as_deref(), &error);
                 continue;
             }
         };
