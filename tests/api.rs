@@ -51,6 +51,12 @@ async fn ws_connect(url: &str, path: &str) -> Ws {
     tokio_tungstenite::connect_async(ws_url).await.expect("websocket connects").0
 }
 
+/// Creates `topic` on the leader `l` and opens a publishing WebSocket to it.
+async fn publishing_socket(l: &str, topic: &str) -> Ws {
+    post_raw(&format!("{l}/topics/{topic}"), "").await.unwrap();
+    ws_connect(l, &format!("/topics/{topic}/publish")).await
+}
+
 /// The next text frame as JSON (pings are skipped), within 10 s.
 async fn next_frame(ws: &mut Ws) -> Value {
     loop {
@@ -511,8 +517,7 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
 async fn a_burst_of_publish_frames_is_answered_frame_by_frame() {
     let c = Cluster::start(Options::default()).await;
     let l = leader_url(&c).await;
-    post_raw(&format!("{l}/topics/burst"), "").await.unwrap();
-    let mut ws = ws_connect(&l, "/topics/burst/publish").await;
+    let mut ws = publishing_socket(&l, "burst").await;
     let mut frames: Vec<Value> =
         (0..40).map(|i| json!({"type": "publish", "ref": i, "id": format!("b{i}"), "payload": {"i": i}})).collect();
     frames.push(json!({"type": "publish", "ref": "again", "id": "b3", "payload": {"i": 3}}));
@@ -601,8 +606,7 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
 async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
     let c = Cluster::start(Options::default()).await;
     let l = leader_url(&c).await;
-    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
-    let mut ws = ws_connect(&l, "/topics/big/publish").await;
+    let mut ws = publishing_socket(&l, "big").await;
     let huge = "x".repeat(2 * 1024 * 1024);
     let frame = json!({"type": "publish", "ref": 1, "id": "huge", "payload": huge});
     ws.send(Message::Text(frame.to_string().into())).await.unwrap();

@@ -28,12 +28,13 @@ pub struct TopicSignal {
 }
 
 impl TopicSignal {
-    /// The signal after `self` once `record` changed, counting a deletion if there was one.
-    fn next(&self, record: &TopicRecord, deleted_after: Option<u64>) -> Self {
+    /// The signal after `self` once the topic became `record`: the deletion count carries
+    /// over, plus one if the change deleted the topic (at `deleted_after`).
+    fn after(&self, record: Option<&TopicRecord>, deleted_after: Option<u64>) -> Self {
         Self {
             deletions: self.deletions + u64::from(deleted_after.is_some()),
             deleted_after: deleted_after.unwrap_or(self.deleted_after),
-            ..Self::of(Some(record))
+            ..Self::of(record)
         }
     }
 
@@ -44,8 +45,7 @@ impl TopicSignal {
                 first_sequence: r.first_sequence,
                 deleted: r.deleted,
                 exists: true,
-                deletions: 0,
-                deleted_after: 0,
+                ..Self::default()
             },
             None => Self::default(),
         }
@@ -100,7 +100,7 @@ impl Feeds {
             if sender.receiver_count() == 0 {
                 watchers.remove(&record.name);
             } else {
-                sender.send_modify(|signal| *signal = signal.next(record, deleted_after));
+                sender.send_modify(|signal| *signal = signal.after(Some(record), deleted_after));
             }
         }
     }
@@ -113,11 +113,7 @@ impl Feeds {
     pub(crate) fn notify_all(&self, topics: &Topics) {
         let mut watchers = self.lock();
         watchers.retain(|name, sender| {
-            sender.send_modify(|signal| {
-                let deletions = (signal.deletions, signal.deleted_after);
-                *signal = TopicSignal::of(topics.by_name.get(name));
-                (signal.deletions, signal.deleted_after) = deletions;
-            });
+            sender.send_modify(|signal| *signal = signal.after(topics.by_name.get(name), None));
             sender.receiver_count() > 0
         });
     }

@@ -175,11 +175,9 @@ impl LogStore {
     /// the rest from the leader.
     fn read_committed_sync(&self) -> Result<Option<LogId>, StoreError> {
         let Some(committed) = self.get_meta::<LogId>(COMMITTED)? else { return Ok(None) };
-        let durable_end = match self.last_log_id()? {
-            Some(last) => Some(last),
-            None => self.get_meta::<LogId>(LAST_PURGED)?,
-        };
-        Ok(durable_end.map(|end| if end.index < committed.index { end } else { committed }))
+        // The log's end as `get_log_state` reports it.
+        let end = self.last_log_id()?.or(self.get_meta::<LogId>(LAST_PURGED)?);
+        Ok(end.map(|end| if end.index < committed.index { end } else { committed }))
     }
 
     fn last_log_id(&self) -> Result<Option<LogId>, StoreError> {

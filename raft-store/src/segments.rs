@@ -765,8 +765,8 @@ fn checked_payload<'a>(record: &'a [u8], segment: &Segment, position: usize) -> 
     Ok(payload)
 }
 
-/// Makes the directory's entries (files created or deleted) durable.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+/// Makes the directory's entries (files created, renamed or deleted) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)?.sync_all()?;
     Ok(())
 }

@@ -26,6 +26,7 @@ use crate::keys::{
 use crate::log_store::IoMode;
 use crate::reader::{StoreReader, StoredMessage};
 use crate::rules::{self, MessageMeta, SmStore, Topics};
+use crate::segments::sync_dir;
 use crate::snapshot::{self, encode, PendingInstall, SnapshotFile};
 use crate::typ::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::StoreError;
@@ -159,12 +160,14 @@ impl StateMachine {
         batch.batch.put_cf(meta, LAST_APPLIED, encode(&self.last_applied)?);
         self.db.write_opt(batch.batch, &unlogged())?;
 
-        let deletions: HashMap<String, u64> = topics.deletions.drain(..).collect();
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {
-                Feeds::notify(&mut watchers, record, deletions.get(name).copied());
+                // Deletions are rare: the list is almost always empty, so no map is built.
+                let deleted_after = topics.deletions.iter().rev().find(|(n, _)| n == name).map(|&(_, at)| at);
+                Feeds::notify(&mut watchers, record, deleted_after);
             }
         }
+        topics.deletions.clear();
         drop(topics);
         drop(watchers);
         if let Some(applied) = &self.last_applied {
@@ -346,7 +349,7 @@ impl SnapshotFiles {
         };
         std::fs::rename(&part, self.path(&snapshot_id))?;
         // Durable under its name before it is recorded as current and the log behind it purged.
-        std::fs::File::open(&self.dir)?.sync_all()?;
+        sync_dir(&self.dir)?;
         let file = std::fs::File::open(self.path(&snapshot_id))?;
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         self.set_current(&meta)?;
@@ -440,7 +443,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 let _guard = guard_files.lock.lock().unwrap_or_else(|e| e.into_inner());
                 std::fs::rename(&part, &path)?;
                 // The pending-install marker names the file: its name must be durable first.
-                std::fs::File::open(&guard_files.dir)?.sync_all()?;
+                sync_dir(&guard_files.dir)?;
                 snapshot::install(&db, &path, &meta_owned)?;
                 guard_files.remove_other_files(&meta_owned.snapshot_id)
             })
