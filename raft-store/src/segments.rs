@@ -745,6 +745,11 @@ fn scan(first: u64, path: PathBuf, newest: bool) -> Result<Segment, StoreError> 
         // of a torn record behind them (see `truncate`).
         file.set_len(at)?;
         file.sync_all()?;
+    } else if newest {
+        // Records a killed process wrote but never fsynced survive in the page cache and are
+        // read back as the log: make them durable before this node answers for them (a
+        // follower's reply that it holds an entry counts towards its commit).
+        file.sync_data()?;
     }
     Ok(Segment { first, path, file: Arc::new(file), salt, offsets, len: at, preallocated: false })
 }

@@ -1796,7 +1796,7 @@ where
                     sender_vote: vote,
                 });
             }
-            Command::PurgeLog { upto } => {
+            Command::PurgeLog { upto } | Command::PurgeLogWhen { upto, .. } => {
                 self.log_store.purge(upto.clone()).await?;
                 self.engine.state.io_state_mut().update_purged(Some(upto));
             }

@@ -97,6 +97,14 @@ where C: RaftTypeConfig
     /// Purge log from the beginning to `upto`, inclusive.
     PurgeLog { upto: LogId<C::NodeId> },
 
+    /// PATCHED (pubsub-raft): `PurgeLog`, run once `when` holds. A follower installing a
+    /// received snapshot purges the entries it covers only after the install finished: purged
+    /// before, a crash during the install would leave neither those entries nor the snapshot.
+    PurgeLogWhen {
+        upto: LogId<C::NodeId>,
+        when: Condition<C::NodeId>,
+    },
+
     /// Delete logs that conflict with the leader from a follower/learner since log id `since`,
     /// inclusive.
     DeleteConflictLog { since: LogId<C::NodeId> },
@@ -143,6 +151,7 @@ where
             (Command::SendVote { vote_req },                   Command::SendVote { vote_req: b }, )                                            => vote_req == b,
             (Command::SendPreVote { round, vote_req },         Command::SendPreVote { round: r, vote_req: b }, )                               => round == r && vote_req == b,
             (Command::PurgeLog { upto },                       Command::PurgeLog { upto: b })                                                  => upto == b,
+            (Command::PurgeLogWhen { upto, when },             Command::PurgeLogWhen { upto: b, when: b_when })                                => upto == b && when == b_when,
             (Command::DeleteConflictLog { since },             Command::DeleteConflictLog { since: b }, )                                      => since == b,
             (Command::Respond { when, resp: send },            Command::Respond { when: b_when, resp: b })                                     => send == b && when == b_when,
             (Command::StateMachine { command },                Command::StateMachine { command: b })                                           => command == b,
@@ -166,6 +175,7 @@ where C: RaftTypeConfig
             Command::AppendInputEntries { .. }        => CommandKind::Log,
             Command::SaveVote { .. }                  => CommandKind::Log,
             Command::PurgeLog { .. }                  => CommandKind::Log,
+            Command::PurgeLogWhen { .. }              => CommandKind::Log,
             Command::DeleteConflictLog { .. }         => CommandKind::Log,
 
             Command::ReplicateCommitted { .. }        => CommandKind::Network,
@@ -197,6 +207,7 @@ where C: RaftTypeConfig
             Command::SendVote { .. }                  => None,
             Command::SendPreVote { .. }               => None,
             Command::PurgeLog { .. }                  => None,
+            Command::PurgeLogWhen { when, .. }        => Some(when),
             Command::DeleteConflictLog { .. }         => None,
             Command::Respond { when, .. }             => when.as_ref(),
             // TODO(1): 

@@ -172,6 +172,20 @@ where C: RaftTypeConfig
             self.state.membership_state.effective().is_voter(&self.config.id)
         );
 
+        // PATCHED (pubsub-raft): a leader sends its entries before its own flush ends (see
+        // PATCHED.md), so after a power cut its followers may hold entries of its term that
+        // its own log lost. Restored as leader in the same term, it would number new entries
+        // from its shorter log and give them log ids the followers already hold for other
+        // entries; they would keep theirs and the replicas would diverge. So only a node
+        // alone in its membership is restored as leader (no one else can hold its entries).
+        // Any other starts as a follower with its vote downgraded in memory (the stored one
+        // is kept), and the next leader is elected in a new term, where Raft's log matching
+        // holds again.
+        if self.state.is_leader(&self.config.id) && !self.is_alone_in_membership() {
+            tracing::info!("startup: was leader of {}; starting as a follower", self.state.vote_ref());
+            self.state.vote.committed = false;
+        }
+
         // Previously it is a leader. restore it as leader at once
         if self.state.is_leader(&self.config.id) {
             self.vote_handler().update_internal_server_state();
@@ -199,6 +213,12 @@ where C: RaftTypeConfig
             self.config.id,
             self.state.server_state
         );
+    }
+
+    /// PATCHED (pubsub-raft): true when the effective membership names no node but this one.
+    fn is_alone_in_membership(&self) -> bool {
+        let effective = self.state.membership_state.effective();
+        effective.voter_ids().chain(effective.learner_ids()).all(|id| id == self.config.id)
     }
 
     /// Initialize a node by appending the first log.

@@ -58,6 +58,7 @@ where C: RaftTypeConfig
             Command::SendVote { .. } => {}
             Command::SendPreVote { .. } => {}
             Command::PurgeLog { .. } => {}
+            Command::PurgeLogWhen { .. } => {}
             Command::DeleteConflictLog { .. } => {}
             Command::Respond { .. } => {}
         }

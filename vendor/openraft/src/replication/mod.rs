@@ -742,6 +742,9 @@ where
                     }
                 }
 
+                // PATCHED (pubsub-raft): entries to send replace a commit-only heartbeat; they
+                // carry the commit index and must not wait for a third event.
+                self.commit_only_heartbeat = false;
                 self.next_action = Some(d);
             }
         }

@@ -321,8 +321,12 @@ where C: RaftTypeConfig
         self.output.push_command(Command::from(sm::Command::install_full_snapshot(snapshot)));
         let last_sm_seq = self.output.last_sm_seq();
 
+        // PATCHED (pubsub-raft): the entries the snapshot covers are purged from storage only
+        // once it is installed (the commands behind wait too, so appends stay in order).
         self.state.purge_upto = Some(snap_last_log_id);
-        self.log_handler().purge_log();
+        self.log_handler().purge_log_when(Some(Condition::StateMachineCommand {
+            command_seq: last_sm_seq,
+        }));
 
         Some(Condition::StateMachineCommand {
             command_seq: last_sm_seq,

@@ -1,4 +1,5 @@
 use crate::engine::Command;
+use crate::engine::Condition;
 use crate::engine::EngineConfig;
 use crate::engine::EngineOutput;
 use crate::raft_state::LogStateReader;
@@ -29,6 +30,12 @@ where C: RaftTypeConfig
     /// Purge log entries upto `RaftState.purge_upto()`, inclusive.
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) fn purge_log(&mut self) {
+        self.purge_log_when(None)
+    }
+
+    /// PATCHED (pubsub-raft): as [`Self::purge_log`], with the storage purge run only once
+    /// `when` holds (the in-memory state is purged at once).
+    pub(crate) fn purge_log_when(&mut self, when: Option<Condition<C::NodeId>>) {
         let st = &mut self.state;
         let purge_upto = st.purge_upto();
 
@@ -45,7 +52,10 @@ where C: RaftTypeConfig
         let upto = purge_upto.unwrap().clone();
 
         st.purge_log(&upto);
-        self.output.push_command(Command::PurgeLog { upto });
+        match when {
+            None => self.output.push_command(Command::PurgeLog { upto }),
+            Some(when) => self.output.push_command(Command::PurgeLogWhen { upto, when }),
+        }
     }
 
     /// Update the next log id to purge upto, if more logs can be purged, according to configured
