@@ -233,11 +233,31 @@ async fn publish_follows_the_contract() {
     let many: Vec<Value> = (0..1001).map(|i| json!({"payload": i})).collect();
     let r = post(&format!("{url}/batch"), &json!({"messages": many})).await.unwrap();
     assert_eq!(r.status, 400);
+    assert_eq!(r.body["error"], "invalid_request", "{r:?}");
+    // Refused at the 1,001st item, before millions of empty ones are parsed.
+    let empties = vec![json!({}); 4_000_000];
+    let r = post(&format!("{url}/batch"), &json!({"messages": empties})).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.body["message"].as_str().unwrap().contains("1 to 1000 messages"), "{r:?}");
+    // A batch is answered after commit only; an ack it cannot honour is refused.
+    for ack in ["appended", "bogus"] {
+        let r = post(&format!("{url}/batch?ack={ack}"), &json!({"messages": [{"payload": 1}]})).await.unwrap();
+        assert_eq!(r.status, 400, "{ack}: {r:?}");
+    }
+    let r = post(&format!("{url}/batch?ack=committed"), &json!({"messages": [{"payload": 0}]})).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
     // A batch whose ids are all generated.
     let r = post(&format!("{url}/batch"), &json!({"messages": [{"payload": 1}, {"payload": 2}]})).await.unwrap();
     assert_eq!(r.status, 201, "{r:?}");
     let sequences: Vec<&Value> = r.body["results"].as_array().unwrap().iter().map(|r| &r["sequence"]).collect();
-    assert_eq!(sequences, [&json!(7), &json!(8)]);
+    assert_eq!(sequences, [&json!(8), &json!(9)]);
+
+    // Nested 128 deep is accepted, 129 is refused (many readers could not parse it back).
+    let nested = |depth: usize| format!(r#"{{"payload": {}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
+    let r = post_raw(&url, nested(128)).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = post_raw(&url, nested(129)).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
 }
 
 #[tokio::test]
@@ -317,6 +337,19 @@ async fn reads_page_and_long_poll() {
     let r = poll.await.unwrap();
     assert_eq!(r.body["messages"][0]["payload"], "late");
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A topic retention trimmed to nothing has no message to return: the long-poll waits its
+    // time instead of answering an empty page at once (a client following it would spin).
+    post(&format!("{l}/topics/gone"), &json!({"metadata": {"retention_bytes": 1}})).await.unwrap();
+    for _ in 0..2 {
+        post(&format!("{l}/topics/gone/messages"), &json!({"payload": 12})).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let r = get(&format!("{l}/topics/gone/messages?after=1&wait_ms=1000")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!((&r.body["current_sequence"], &r.body["first_available_sequence"]), (&json!(2), &json!(3)));
+    assert_eq!(r.body["messages"].as_array().unwrap().len(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(1000), "answered after {:?}", started.elapsed());
 }
 
 #[tokio::test]
@@ -482,9 +515,14 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     ws.send(Message::Text(json!({"type": "publish", "ref": "typed", "id": 5, "payload": 1}).to_string().into()))
         .await
         .unwrap();
+    // A binary frame is not read, but answered: a client waiting for its answer is not left
+    // hanging.
+    ws.send(Message::Binary(json!({"type": "publish", "ref": "bin", "payload": 1}).to_string().into_bytes().into()))
+        .await
+        .unwrap();
     let mut sequences = std::collections::BTreeMap::new();
     let mut errors = Vec::new();
-    while sequences.len() + errors.len() < 53 {
+    while sequences.len() + errors.len() < 54 {
         let frame = next_frame(&mut ws).await;
         match frame["type"].as_str() {
             Some("ack") => {
@@ -499,7 +537,8 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     assert_eq!(seqs, (1..=50).collect::<Vec<u64>>());
     let dup = errors.iter().find(|e| e["ref"] == "dup").expect("duplicate answered");
     assert_eq!((&dup["error"], &dup["existing_sequence"]), (&json!("duplicate_message_id"), &json!(sequences[&0])));
-    assert!(errors.iter().any(|e| e["ref"].is_null() && e["error"] == "invalid_request"));
+    let unreferenced = errors.iter().filter(|e| e["ref"].is_null() && e["error"] == "invalid_request").count();
+    assert_eq!(unreferenced, 2, "the frame that is not JSON and the binary one: {errors:?}");
     let typed = errors.iter().find(|e| e["ref"] == "typed").expect("the wrong-typed frame answered with its ref");
     assert_eq!(typed["error"], "invalid_request");
     // Every acked message is readable with the sequence it was acked with.

@@ -47,6 +47,10 @@ pub struct App {
     pub subscriptions: AtomicUsize,
     /// Subscribers connected to this node: (topic, subscriber id) → connections.
     pub connected: Mutex<std::collections::HashMap<(String, String), usize>>,
+    /// Payload bytes of `ack=appended` publishes answered and not yet applied: a 202 does not
+    /// wait for the entry, so without this bound a client looping on it could queue more
+    /// than the cluster writes, without limit.
+    pub appended_bytes: Arc<tokio::sync::Semaphore>,
 }
 
 /// Who leads, as this node sees it.

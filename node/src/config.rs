@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::limits::{ELECTION_TIMEOUT_MS_DEFAULT, HEARTBEAT_MS_DEFAULT, SNAPSHOT_LOGS_DEFAULT};
+use crate::limits::{
+    ELECTION_TIMEOUT_MS_DEFAULT, ELECTION_TIMEOUT_MS_MAX, HEARTBEAT_MS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+};
 
 /// `pubsub-node`: one node of a Raft-replicated pub/sub cluster. With no flags it is a
 /// working single-node cluster on port 8080.
@@ -79,7 +81,9 @@ pub enum ConfigError {
     IdNotInPeers { id: u64, peers: String },
     #[error("--advertise {0:?} is not HOST:PORT")]
     Advertise(String),
-    #[error("--heartbeat-ms must be at least 1 and --election-timeout-ms at least 3 times it")]
+    #[error(
+        "--heartbeat-ms must be at least 1 and --election-timeout-ms at least 3 times it, at most {ELECTION_TIMEOUT_MS_MAX}"
+    )]
     Timings,
     #[error("--snapshot-logs must be at least 1")]
     SnapshotLogs,
@@ -90,7 +94,12 @@ impl Config {
         if flags.id == 0 {
             return Err(ConfigError::ZeroId);
         }
-        if flags.heartbeat_ms == 0 || flags.election_timeout_ms < 3 * flags.heartbeat_ms {
+        // The bound keeps `3 * heartbeat` and twice the timeout (its maximum draw) from
+        // overflowing.
+        if flags.heartbeat_ms == 0
+            || flags.election_timeout_ms > ELECTION_TIMEOUT_MS_MAX
+            || flags.election_timeout_ms < 3 * flags.heartbeat_ms.min(ELECTION_TIMEOUT_MS_MAX)
+        {
             return Err(ConfigError::Timings);
         }
         if flags.snapshot_logs == 0 {
@@ -195,6 +204,19 @@ mod tests {
         let c = Config::from_flags(flags(&["--id", "2", "--peers", "1=a:1,2=b:2,3=c:3"])).unwrap();
         assert_eq!(c.advertise, "b:2");
         assert!(!c.is_bootstrapper());
+    }
+
+    #[test]
+    fn timings_out_of_range_are_refused_without_overflow() {
+        for bad in [
+            &["--heartbeat-ms", "0"][..],
+            &["--heartbeat-ms", "500", "--election-timeout-ms", "1000"],
+            &["--heartbeat-ms", "6148914691236517206", "--election-timeout-ms", "6148914691236517206"],
+            &["--election-timeout-ms", "18446744073709551615"],
+        ] {
+            assert!(matches!(Config::from_flags(flags(bad)), Err(ConfigError::Timings)), "{bad:?}");
+        }
+        assert!(Config::from_flags(flags(&["--election-timeout-ms", "600000"])).is_ok());
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub mod subscribe;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::error::{InitializeError, RaftError};
@@ -98,6 +98,7 @@ where
         shutdown: CancellationToken::new(),
         subscriptions: AtomicUsize::new(0),
         connected: Mutex::new(HashMap::new()),
+        appended_bytes: Arc::new(tokio::sync::Semaphore::new(limits::APPENDED_BYTES_MAX)),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
@@ -106,10 +107,22 @@ where
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
                    data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
     let token = app.shutdown.clone();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutting down: closing subscriptions");
-        token.cancel();
+    let raft_stopped = Arc::new(AtomicBool::new(false));
+    let signal = {
+        let (raft, stopped) = (raft.clone(), raft_stopped.clone());
+        async move {
+            tokio::select! {
+                () = shutdown => tracing::info!("shutting down: closing subscriptions"),
+                () = core_stopped(&raft) => {
+                    // A storage failure stops the Raft core for good (the cause is logged just
+                    // before). Serving on would answer every peer with that failure: exit
+                    // instead, so that a supervisor restarts the node or an operator sees it.
+                    tracing::error!("the Raft core stopped; shutting down");
+                    stopped.store(true, Ordering::Relaxed);
+                }
+            }
+            token.cancel();
+        }
     };
     axum::serve(listener, api::router(app.clone())).with_graceful_shutdown(signal).await?;
 
@@ -123,7 +136,16 @@ where
         tracing::warn!("storage still in use after {:?}; exiting anyway", limits::SHUTDOWN_CLOSE_TIMEOUT);
     }
     tracing::info!(subscriptions, "stopped");
+    if raft_stopped.load(Ordering::Relaxed) {
+        return Err(NodeError::Raft("the Raft core stopped (see the error logged before)".into()));
+    }
     Ok(())
+}
+
+/// Returns when the Raft core has stopped: its metrics channel closes with it.
+async fn core_stopped(raft: &Raft) {
+    let mut metrics = raft.metrics();
+    while metrics.changed().await.is_ok() {}
 }
 
 /// First start of a fresh cluster: the node with the smallest id initializes it with every

@@ -9,6 +9,10 @@ pub use raft_store::limits::{BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX
 /// whitespace. A larger body cannot hold a payload we would accept.
 pub const PUBLISH_BODY_BYTES_MAX: usize = PAYLOAD_BYTES_MAX + 64 * 1024;
 
+/// Deepest nesting of arrays and objects in a payload: serde_json's own recursion limit, so
+/// that what is stored can be read back by it and by readers with similar bounds.
+pub const PAYLOAD_DEPTH_MAX: usize = 128;
+
 /// Publishes in flight on one publishing WebSocket; past it the server stops reading
 /// frames until answers go out.
 pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
@@ -60,6 +64,10 @@ pub const PROPOSAL_MERGED_MESSAGES_MAX: usize = BATCH_MESSAGES_MAX;
 
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Payload bytes of `ack=appended` publishes answered but not yet applied, per node; past it
+/// the next one waits (at most [`WRITE_TIMEOUT`]) for earlier ones to be applied.
+pub const APPENDED_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,12 +153,22 @@ pub const PEER_STALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest a dial to a peer may take.
 pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Added to openraft's deadline for an RPC, so that its own timer, not the transport's,
+/// ends a call it bounds itself.
+pub const PEER_CALL_TIMEOUT_MARGIN: Duration = Duration::from_millis(50);
+
+/// RPCs a node works on at once for one peer connection (forwarded writes included); past
+/// it, the connection is not read until one is answered.
+pub const RAFT_SERVER_INFLIGHT_MAX: usize = 256;
+
 /// Requests queued to one peer connection.
 pub const PEER_QUEUE_LEN: usize = 1024;
 
 /// Default Raft timings (each can be set by a flag).
 pub const HEARTBEAT_MS_DEFAULT: u64 = 250;
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
+/// Largest `--election-timeout-ms`: ten minutes without a leader is already no cluster.
+pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Build a snapshot (and let the log be purged) after this many entries.
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 100_000;
 /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up

@@ -4,6 +4,8 @@
 //! leader's clock (`now_ms`) is recorded when the command is proposed, so no replica ever
 //! reads its own clock while applying.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +116,9 @@ pub enum Response {
     Acked,
     /// One response per command of a [`Request::Batch`], in order.
     Batch(Vec<Response>),
+    /// A new topic was refused: the cluster holds [`crate::limits::TOPICS_MAX`] topics,
+    /// deleted ones included. (Added last: the forward RPC carries responses by variant index.)
+    TopicLimitReached,
 }
 
 /// What happened to one published message.
@@ -134,7 +139,9 @@ pub struct TopicRecord {
     pub id: u64,
     pub name: String,
     pub created_at: u64,
-    pub metadata: Option<String>,
+    /// Shared, not copied, by the clones readers take of a record on every publish and read
+    /// (it may be 64 KiB). Serialized as a plain string.
+    pub metadata: Option<Arc<str>>,
     pub retention: Retention,
     pub deleted: bool,
     /// Last sequence assigned (0 when none).

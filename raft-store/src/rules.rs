@@ -6,6 +6,7 @@
 //! on exactly the same commands, so every replica computes the same state.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 use crate::limits::{TOPICS_MAX, TRIM_PER_COMMAND_MAX};
@@ -128,20 +129,20 @@ fn create_topic(
         // Revive: same id and sequence, so old cursors stay valid.
         record.deleted = false;
         record.created_at = now_ms;
-        record.metadata = metadata.clone();
+        record.metadata = metadata.as_deref().map(Arc::from);
         record.retention = retention;
         return (Response::TopicCreated { created: true }, vec![name.to_string()]);
     }
     if topics.by_name.len() >= TOPICS_MAX {
         // The edge refuses this before proposing; a replica that still sees it must agree.
-        return (Response::TopicCreated { created: false }, vec![]);
+        return (Response::TopicLimitReached, vec![]);
     }
     topics.next_topic_id += 1;
     let record = TopicRecord {
         id: topics.next_topic_id,
         name: name.to_string(),
         created_at: now_ms,
-        metadata: metadata.clone(),
+        metadata: metadata.as_deref().map(Arc::from),
         retention,
         deleted: false,
         current_sequence: 0,
@@ -432,6 +433,19 @@ pub(crate) mod tests {
         assert_eq!(run(&mut t, &mut s, create("a", Retention::default())), Response::TopicCreated { created: true });
         assert_eq!(t.by_name["a"].id, id);
         assert_eq!(run(&mut t, &mut s, publish_at("a", &["3"], 5)), stored(&[3]));
+    }
+
+    #[test]
+    fn a_new_topic_past_the_limit_is_refused_and_deleted_names_count() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        for i in 0..TOPICS_MAX {
+            run(&mut t, &mut s, create(&format!("t{i}"), Retention::default()));
+        }
+        run(&mut t, &mut s, Request::DeleteTopic { topic: "t0".into() });
+        assert_eq!(run(&mut t, &mut s, create("one-more", Retention::default())), Response::TopicLimitReached);
+        assert!(!t.by_name.contains_key("one-more"));
+        // A deleted name keeps its place, so it can still be created again.
+        assert_eq!(run(&mut t, &mut s, create("t0", Retention::default())), Response::TopicCreated { created: true });
     }
 
     #[test]

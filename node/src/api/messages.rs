@@ -54,7 +54,9 @@ pub async fn read(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
         let record = active(&app, &topic)?;
-        if record.current_sequence > after || wait_ms == 0 {
+        // Something to return: a message after `after` that retention has not removed (a
+        // topic trimmed to nothing would otherwise answer an empty page at once, every time).
+        if record.current_sequence > page_start(&record, after) || wait_ms == 0 {
             return page(&app, &record, after, limit);
         }
         tokio::select! {
@@ -65,10 +67,15 @@ pub async fn read(
     }
 }
 
+/// The sequence a page after `after` starts behind: below the retained range, the first
+/// retained message.
+fn page_start(record: &raft_store::TopicRecord, after: u64) -> u64 {
+    after.max(record.first_sequence.saturating_sub(1))
+}
+
 /// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
 fn page(app: &SharedApp, record: &raft_store::TopicRecord, after: u64, limit: usize) -> Result<Response, ApiError> {
-    // Below the retained range the page starts at the first retained message.
-    let start = after.max(record.first_sequence.saturating_sub(1));
+    let start = page_start(record, after);
     let messages = app.reader.read_messages(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
     let mut out = Vec::with_capacity(256 + messages.iter().map(|(_, m)| m.payload.len() + 96).sum::<usize>());

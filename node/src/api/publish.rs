@@ -7,15 +7,20 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
+use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
+use std::fmt;
 
 use super::input;
 use super::topics::active;
 use crate::app::{InflightGuard, SharedApp};
 use crate::error::ApiError;
-use crate::limits::{BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PUBLISH_BODY_BYTES_MAX};
+use crate::limits::{
+    APPENDED_BYTES_MAX, BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX,
+    PUBLISH_BODY_BYTES_MAX, WRITE_TIMEOUT,
+};
 use crate::metrics::Outcome;
 
 /// A message as a client sends it.
@@ -34,7 +39,34 @@ pub fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>,
 
 #[derive(Deserialize)]
 struct BatchIn {
+    #[serde(deserialize_with = "at_most_batch_messages")]
     messages: Vec<MessageFields>,
+}
+
+/// Reads a batch's messages and refuses the one past [`BATCH_MESSAGES_MAX`] as soon as the
+/// parser reaches it: counted afterwards, a 16 MiB body of `{}` items became millions of
+/// parsed messages (hundreds of MiB) before it was refused.
+fn at_most_batch_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<MessageFields>, D::Error> {
+    struct AtMost;
+    impl<'de> Visitor<'de> for AtMost {
+        type Value = Vec<MessageFields>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "an array of 1 to {BATCH_MESSAGES_MAX} messages")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut messages = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(BATCH_MESSAGES_MAX));
+            while let Some(message) = seq.next_element()? {
+                if messages.len() == BATCH_MESSAGES_MAX {
+                    return Err(A::Error::custom(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
+                }
+                messages.push(message);
+            }
+            Ok(messages)
+        }
+    }
+    d.deserialize_seq(AtMost)
 }
 
 /// When the publish is answered.
@@ -58,6 +90,11 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
 /// compactly (no whitespace byte at all) are taken as they are, without a copy.
 fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
     let text: Box<str> = raw.into();
+    if nesting_depth(&text) > PAYLOAD_DEPTH_MAX {
+        // Stored as valid JSON, it could still not be read back by readers that bound their
+        // recursion (serde_json, this project's client, many others).
+        return Err(ApiError::InvalidRequest(format!("payload nests deeper than {PAYLOAD_DEPTH_MAX} levels")));
+    }
     let compact = if text.bytes().any(|b| b.is_ascii_whitespace()) {
         Bytes::from(minify(&text))
     } else {
@@ -70,6 +107,34 @@ fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
         )));
     }
     Ok(compact)
+}
+
+/// How deep arrays and objects nest in already-validated JSON.
+fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Drops the whitespace between JSON tokens of already-validated JSON, keeping everything
@@ -145,14 +210,24 @@ pub async fn publish(
         app.metrics.count_publish(Outcome::Duplicate, 1);
         return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
+    let payload_len = message.payload.len();
     let request = Request::publish(topic.clone(), vec![message], app.now_ms(), id_generated);
 
     if mode == AckMode::Appended {
+        // A payload is at most PUBLISH_BODY_BYTES_MAX, far below u32::MAX and the bound.
+        let weight = (payload_len.max(1) as u32).min(APPENDED_BYTES_MAX as u32);
+        let acquire = app.appended_bytes.clone().acquire_many_owned(weight);
+        let room = match tokio::time::timeout(WRITE_TIMEOUT, acquire).await {
+            Ok(Ok(room)) => room,
+            Ok(Err(_)) => return Err(ApiError::Unavailable("shutting down".into())),
+            Err(_) => return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
+        };
         let receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-        // Keep the id in flight until the entry resolves, so a quick retry is a duplicate.
+        // Keep the id in flight and the bytes counted until the entry resolves, so a quick
+        // retry is a duplicate and appended writes cannot outrun the cluster.
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(crate::limits::WRITE_TIMEOUT, receiver).await;
-            drop(guard);
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, receiver).await;
+            drop((guard, room));
         });
         app.metrics.count_publish(Outcome::Appended, 1);
         let body = PublishAnswer { id: &id, topic: &topic, sequence: None, raft_index: None, committed: false };
@@ -217,10 +292,18 @@ fn stored_sequence(app: &SharedApp, topic: &str, id: &str, response: SmResponse)
 pub async fn batch(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
     uri: Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
+    if ack_mode(&input::query(query)?)? == AckMode::Appended {
+        // Refused rather than silently answered after commit: the caller asked for
+        // something else.
+        return Err(ApiError::InvalidRequest(
+            "a batch is answered after commit only: ack=appended is not offered".into(),
+        ));
+    }
     let bytes = input::body(body, BATCH_BODY_BYTES_MAX).await?;
     let batch: BatchIn = parse(&bytes)?;
     if batch.messages.is_empty() || batch.messages.len() > BATCH_MESSAGES_MAX {
@@ -294,7 +377,15 @@ enum BatchItemOut<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::minify;
+    use super::{minify, nesting_depth};
+
+    #[test]
+    fn nesting_depth_ignores_brackets_in_strings() {
+        assert_eq!(nesting_depth("1"), 0);
+        assert_eq!(nesting_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(nesting_depth(r#"["[[[{", "\"]]]"]"#), 1);
+        assert_eq!(nesting_depth(&format!("{}{}", "[".repeat(200), "]".repeat(200))), 200);
+    }
 
     #[test]
     fn minify_keeps_strings_and_key_order() {

@@ -126,6 +126,10 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
         let mut group = match read_frame(first) {
             Read::Text(text) => vec![text],
             Read::Other => continue,
+            Read::Binary => {
+                let _ = tx.send(binary_frame()).await;
+                continue;
+            }
             Read::Closed => break,
             Read::TooLarge => {
                 let _ = tx.send(too_large_frame()).await;
@@ -144,6 +148,9 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                     group.push(text);
                 }
                 Read::Other => {}
+                Read::Binary => {
+                    let _ = tx.send(binary_frame()).await;
+                }
                 Read::Closed => {
                     open = false;
                     break;
@@ -177,8 +184,10 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
 /// One read from the client's side of the socket.
 enum Read {
     Text(Utf8Bytes),
-    /// Pings, pongs and binary frames: nothing to answer.
+    /// Pings and pongs: nothing to answer.
     Other,
+    /// A binary frame: publishes are JSON text, so it is answered with an error.
+    Binary,
     /// The client closed, or the connection broke.
     Closed,
     /// A frame over the size limit: the connection cannot go on, but the client is told why.
@@ -190,6 +199,7 @@ fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
         Some(Ok(Message::Text(text))) => Read::Text(text),
         Some(Err(e)) if is_over_size_limit(&e) => Read::TooLarge,
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Read::Closed,
+        Some(Ok(Message::Binary(_))) => Read::Binary,
         Some(Ok(_)) => Read::Other,
     }
 }
@@ -206,6 +216,11 @@ fn too_large_frame() -> String {
         "a publish frame is limited to {PUBLISH_BODY_BYTES_MAX} bytes; the connection closes"
     ));
     error_frame(None, &e)
+}
+
+/// The answer to a binary frame, whose `ref` is not read: publishes are text frames.
+fn binary_frame() -> String {
+    error_frame(None, &ApiError::InvalidRequest("publish frames are JSON text; a binary frame is not read".into()))
 }
 
 /// A frame that passed the checks at the edge, waiting for its group's commit.

@@ -83,11 +83,17 @@ pub async fn create(
     if active(&app, &name).is_ok() {
         return Ok((StatusCode::OK, Json(json!({"topic": name, "created": false, "raft_index": 0}))).into_response());
     }
+    let limit_reached =
+        || ApiError::InvalidRequest(format!("the cluster already holds {TOPICS_MAX} topics, deleted ones included"));
     if app.reader.topic(&name).is_none() && app.reader.topic_count() >= TOPICS_MAX {
-        return Err(ApiError::InvalidRequest(format!("the cluster already holds {TOPICS_MAX} topics")));
+        return Err(limit_reached());
     }
     let request = Request::CreateTopic { topic: name.clone(), metadata, retention, now_ms: app.now_ms() };
     let written = app.write(request, &input::path_and_query(&uri)).await?;
+    // Other creations can fill the last places between the check above and this apply.
+    if written.response == SmResponse::TopicLimitReached {
+        return Err(limit_reached());
+    }
     let created = matches!(written.response, SmResponse::TopicCreated { created: true });
     let (status, raft_index) = if created { (StatusCode::CREATED, written.log_index) } else { (StatusCode::OK, 0) };
     Ok((status, Json(json!({"topic": name, "created": created, "raft_index": raft_index}))).into_response())

@@ -14,7 +14,7 @@ use std::time::Duration;
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderValue;
 use futures_util::{SinkExt, StreamExt};
-use openraft::error::{NetworkError, PayloadTooLarge, RemoteError, Unreachable};
+use openraft::error::{NetworkError, PayloadTooLarge, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use raft_store::typ::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -29,8 +29,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
 use crate::limits::{
-    APPEND_ENTRIES_BYTES_MAX, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX,
-    RAFT_READ_BUFFER_BYTES,
+    APPEND_ENTRIES_BYTES_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT,
+    RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
 };
 use crate::net::Env;
 
@@ -149,17 +149,26 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
         let mut next = Some(first);
         let mut quiet_since = Instant::now();
         let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason: String = loop {
             if let Some(out) = next.take() {
                 if out.reply.is_closed() {
                     continue;
                 }
-                if pending.is_empty() {
-                    quiet_since = Instant::now();
-                }
+                let was_idle = pending.is_empty();
                 pending.insert(out.id, out.reply);
-                if let Err(e) = sink.send(Message::Binary(out.frame.into())).await {
-                    break e.to_string();
+                // A peer that stopped reading (blackholed, hung) fills the socket's buffers and
+                // the write never ends: bounded, so the connection is dropped and dialed again
+                // instead of holding every later request, heartbeats included, behind it.
+                match tokio::time::timeout(PEER_STALL_TIMEOUT, sink.send(Message::Binary(out.frame.into()))).await {
+                    Err(_) => break "stalled: a write did not complete".into(),
+                    Ok(Err(e)) => break e.to_string(),
+                    Ok(Ok(())) => {}
+                }
+                // Silence is counted from when the request was out, not from before a long
+                // write (a snapshot chunk on a slow link).
+                if was_idle {
+                    quiet_since = Instant::now();
                 }
                 continue;
             }
@@ -232,6 +241,16 @@ pub struct PeerClient {
     conn: Arc<PeerConn>,
 }
 
+/// A peer's own error, as openraft should take it. A `Fatal` one means the peer's Raft has
+/// stopped (its storage failed): reported as unreachable so that openraft backs off instead
+/// of sending the same entries again at once, in a loop, until the peer is restarted.
+fn remote_error<E: std::error::Error>(target: NodeId, e: RaftError<NodeId, E>) -> RPCError<E> {
+    match e {
+        RaftError::Fatal(fatal) => RPCError::Unreachable(Unreachable::new(&fatal)),
+        RaftError::APIError(api) => RPCError::RemoteError(RemoteError::new(target, RaftError::APIError(api))),
+    }
+}
+
 fn transport_error<E: std::error::Error>(e: TransportError) -> RPCError<E> {
     match e {
         TransportError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&e)),
@@ -245,7 +264,10 @@ impl PeerClient {
         request: RpcRequest,
         option: &RPCOption,
     ) -> Result<RpcResponse, RPCError<E>> {
-        let response = self.conn.call(request, option.hard_ttl()).await.map_err(transport_error)?;
+        // openraft bounds some calls by the same deadline and treats its own expiry
+        // differently (a snapshot chunk is then not retried): the margin lets its timer win.
+        let timeout = option.hard_ttl() + PEER_CALL_TIMEOUT_MARGIN;
+        let response = self.conn.call(request, timeout).await.map_err(transport_error)?;
         if let RpcResponse::WrongNode { actual } = response {
             let e = TransportError::Unreachable(format!("expected node-{} but reached node-{actual}", self.target));
             return Err(transport_error(e));
@@ -269,7 +291,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)));
         }
         match self.call(RpcRequest::AppendEntries { target: self.target, req }, &option).await? {
-            RpcResponse::AppendEntries(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            RpcResponse::AppendEntries(r) => r.map_err(|e| remote_error(self.target, e)),
             _ => Err(unexpected()),
         }
     }
@@ -280,21 +302,21 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RPCError<InstallSnapshotError>> {
         match self.call(RpcRequest::InstallSnapshot { target: self.target, req }, &option).await? {
-            RpcResponse::InstallSnapshot(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            RpcResponse::InstallSnapshot(r) => r.map_err(|e| remote_error(self.target, e)),
             _ => Err(unexpected()),
         }
     }
 
     async fn vote(&mut self, req: VoteRequest, option: RPCOption) -> Result<VoteResponse, RPCError> {
         match self.call(RpcRequest::Vote { target: self.target, req }, &option).await? {
-            RpcResponse::Vote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            RpcResponse::Vote(r) => r.map_err(|e| remote_error(self.target, e)),
             _ => Err(unexpected()),
         }
     }
 
     async fn pre_vote(&mut self, req: VoteRequest, option: RPCOption) -> Result<VoteResponse, RPCError> {
         match self.call(RpcRequest::PreVote { target: self.target, req }, &option).await? {
-            RpcResponse::PreVote(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            RpcResponse::PreVote(r) => r.map_err(|e| remote_error(self.target, e)),
             _ => Err(unexpected()),
         }
     }
