@@ -106,6 +106,12 @@ where
 
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
                    data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
+    if config.cluster_secret.is_none() && config.peers.len() > 1 {
+        tracing::warn!(
+            "no --cluster-secret: anyone who reaches this port can act as a cluster peer (vote, replicate, write); \
+             set the same secret on every node"
+        );
+    }
     let token = app.shutdown.clone();
     let raft_stopped = Arc::new(AtomicBool::new(false));
     let signal = {

@@ -47,6 +47,9 @@ pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
+/// Bytes of writes waiting in the proposer's queue (payloads, ids); past it a write waits for
+/// room, within its write timeout.
+pub const PROPOSAL_QUEUE_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Longest the proposer waits for the writers of the previous entry to write again (see
 /// `propose.rs`), the entry size from which it does (below it, writers are not many enough
 /// to be worth any wait), and the entries it proposes without waiting after a wait that did

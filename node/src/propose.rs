@@ -16,11 +16,12 @@ use std::sync::Arc;
 use openraft::error::{ClientWriteError, RaftError};
 use raft_store::typ::Raft;
 use raft_store::{NewMessage, Node, NodeId, Request, Response};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::limits::{
     PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
-    PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX,
+    PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_LEN,
+    PROPOSAL_REQUESTS_MAX,
 };
 
 /// A committed and applied write.
@@ -48,25 +49,38 @@ pub enum ProposeFailure {
 struct Pending {
     request: Request,
     reply: oneshot::Sender<Result<Committed, ProposeFailure>>,
+    /// The request's bytes counted against [`PROPOSAL_QUEUE_BYTES_MAX`] until it leaves the
+    /// queue for an entry.
+    _queued: OwnedSemaphorePermit,
 }
 
 /// Handle to the proposer task.
 pub struct Proposer {
     queue: mpsc::Sender<Pending>,
+    /// Bytes the queue may hold: the count bound alone let 1 MiB publishes queue gigabytes.
+    queue_bytes: Arc<Semaphore>,
 }
 
 impl Proposer {
     pub fn spawn(raft: Raft) -> Self {
         let (queue, rx) = mpsc::channel(PROPOSAL_QUEUE_LEN);
         tokio::spawn(run(raft, rx));
-        Self { queue }
+        Self { queue, queue_bytes: Arc::new(Semaphore::new(PROPOSAL_QUEUE_BYTES_MAX)) }
     }
 
     /// Proposes `request` and waits until it is committed and applied on this node.
     pub async fn propose(&self, request: Request) -> Result<Committed, ProposeFailure> {
         let (reply, answer) = oneshot::channel();
+        // At most the bound, so a request larger than it (none is) could still be queued alone.
+        let weight = request.approx_bytes().clamp(1, PROPOSAL_QUEUE_BYTES_MAX) as u32;
+        let queued = self
+            .queue_bytes
+            .clone()
+            .acquire_many_owned(weight)
+            .await
+            .map_err(|_| ProposeFailure::Fatal("the proposer stopped".into()))?;
         self.queue
-            .send(Pending { request, reply })
+            .send(Pending { request, reply, _queued: queued })
             .await
             .map_err(|_| ProposeFailure::Fatal("the proposer stopped".into()))?;
         answer.await.map_err(|_| ProposeFailure::Fatal("the proposer dropped the write".into()))?
@@ -267,7 +281,7 @@ impl Answers {
 /// command and one batched dedup read instead of one per write. Other writes stay as they are.
 fn pack(batch: Vec<Pending>) -> Vec<(Request, Answers)> {
     let mut commands: Vec<(Command, Answers)> = Vec::with_capacity(batch.len());
-    for Pending { request, reply } in batch {
+    for Pending { request, reply, .. } in batch {
         let next = match publish_parts(request) {
             Ok(next) => next,
             Err(other) => {
@@ -353,7 +367,8 @@ mod tests {
             .into_iter()
             .map(|request| {
                 let (reply, rx) = oneshot::channel();
-                (Pending { request, reply }, rx)
+                let queued = Arc::new(Semaphore::new(1)).try_acquire_owned().expect("a fresh permit");
+                (Pending { request, reply, _queued: queued }, rx)
             })
             .unzip()
     }
