@@ -88,7 +88,10 @@ pub(crate) fn classify(status: u16, error: Option<&ApiError>, location: Option<&
             Verdict::Redirect(from_body.or(from_header))
         }
         503 => Verdict::Retry { maybe_applied: false, forget_leader: true },
-        504 => Verdict::Retry { maybe_applied: true, forget_leader: false },
+        // The leader could not commit in time: it may have lost its majority (a leader cut off
+        // from the others still answers, and would time out every write while the majority
+        // elects another), so ask again who leads.
+        504 => Verdict::Retry { maybe_applied: true, forget_leader: true },
         // The id is known to the leader but its first publish is still in flight (API.md §7:
         // `existing_sequence` is null). That publish may yet fail, so this is no success;
         // ask again until it resolves into a sequence, or fails and our retry gets a 201.
@@ -168,7 +171,7 @@ mod tests {
         let no_leader = ApiError::from_body(503, br#"{"error":"no_leader"}"#);
         assert_eq!(classify(503, Some(&no_leader), None), Verdict::Retry { maybe_applied: false, forget_leader: true });
         let timeout = ApiError::from_body(504, br#"{"error":"raft_timeout"}"#);
-        assert_eq!(classify(504, Some(&timeout), None), Verdict::Retry { maybe_applied: true, forget_leader: false });
+        assert_eq!(classify(504, Some(&timeout), None), Verdict::Retry { maybe_applied: true, forget_leader: true });
         let not_committed = ApiError::from_body(500, br#"{"error":"not_committed"}"#);
         assert!(matches!(classify(500, Some(&not_committed), None), Verdict::Retry { maybe_applied: true, .. }));
     }

@@ -7,6 +7,7 @@
 //! delivered sequence, so the stream has no duplicate; a jump that no `messages_expired`
 //! announced is reported as [`Error::SequenceGap`], so it has no silent gap either.
 
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -322,7 +323,8 @@ impl Client {
         let policy = self.config().retry.clone();
         let started = Instant::now();
         let mut attempts = 0;
-        let mut denied = 0;
+        // Nodes, not answers: a lagging node asked again (the others unreachable) is one.
+        let mut denied = HashSet::new();
         loop {
             attempts += 1;
             let node = self.next_node();
@@ -333,8 +335,8 @@ impl Client {
                     Err(failure) => failure,
                 },
                 Err(Refusal::Api(api)) if may_lag_behind(&api) => {
-                    denied += 1;
-                    if denied >= self.node_count() {
+                    denied.insert(node.clone());
+                    if denied.len() >= self.node_count() {
                         return Err(Error::Api(api));
                     }
                     tracing::debug!(%node, %api, "subscription refused; trying the next node");
@@ -503,7 +505,9 @@ impl Worker {
     async fn reconnect(&mut self) -> Result<Socket, Error> {
         let config = self.client.config().clone();
         let started = Instant::now();
-        let mut not_found = 0;
+        // Nodes, not answers: a node still catching up, asked again while the others are
+        // unreachable, must not make a live topic look deleted.
+        let mut not_found = HashSet::new();
         let mut last: Option<Refusal> = None;
         loop {
             if self.events.is_closed() {
@@ -536,8 +540,8 @@ impl Worker {
                     // saw) yet answers these; another node, or the same one a bit later, will
                     // not. A topic every node denies is gone.
                     ErrorCode::TopicNotFound => {
-                        not_found += 1;
-                        if not_found >= self.client.node_count() {
+                        not_found.insert(node.clone());
+                        if not_found.len() >= self.client.node_count() {
                             return Err(refusal.into_error(self.failures, started.elapsed()));
                         }
                     }

@@ -196,6 +196,8 @@ const _: () = {
     // Replication reads stay under the AppendEntries bound, so splitting is the rare case.
     assert!((raft_store::limits::REPLICATION_READ_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
     assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
+    // Consecutive ticks start their trimming one topic apart (raft-store's tick).
+    assert!(RETENTION_TICK_INTERVAL.as_millis() == raft_store::limits::TICK_ROTATION_MS as u128);
     assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);

@@ -21,6 +21,11 @@ pub const TOPICS_MAX: usize = 100_000;
 /// several commands instead of stalling every other topic. Deterministic on all replicas.
 pub const TRIM_PER_COMMAND_MAX: u64 = 10_000;
 
+/// A `Tick` starts trimming at the next topic every this many milliseconds of the leader's
+/// clock: the interval at which the leader proposes ticks, so consecutive ticks start one
+/// topic apart and no topic always comes last when the budget runs out.
+pub const TICK_ROTATION_MS: u64 = 60_000;
+
 /// Messages returned by one read of the message log.
 pub const READ_MESSAGES_MAX: usize = 1000;
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
-use crate::limits::{TOPICS_MAX, TRIM_PER_COMMAND_MAX};
+use crate::limits::{TICK_ROTATION_MS, TOPICS_MAX, TRIM_PER_COMMAND_MAX};
 use crate::reader::StoredMessage;
 use crate::StoreError;
 
@@ -57,13 +57,17 @@ pub fn apply(
     request: &Request,
 ) -> Result<(Response, Vec<String>), StoreError> {
     prefetch_client_ids(topics, store, request)?;
-    apply_command(topics, store, request)
+    // One trimming budget for the whole command, whatever it packs: a tick after a long
+    // outage, or a batch of publishes to many topics, must not make one apply delete millions.
+    let mut trim_budget = TRIM_PER_COMMAND_MAX;
+    apply_command(topics, store, request, &mut trim_budget)
 }
 
 fn apply_command(
     topics: &mut Topics,
     store: &mut impl SmStore,
     request: &Request,
+    trim_budget: &mut u64,
 ) -> Result<(Response, Vec<String>), StoreError> {
     match request {
         Request::CreateTopic { topic, metadata, retention, now_ms } => {
@@ -71,18 +75,18 @@ fn apply_command(
         }
         Request::DeleteTopic { topic } => Ok(delete_topic(topics, topic)),
         Request::Publish { topic, messages, now_ms } => {
-            publish(topics, store, topic, messages, *now_ms, Ids::MayRepeat)
+            publish(topics, store, topic, messages, *now_ms, Ids::MayRepeat, trim_budget)
         }
         Request::PublishGeneratedIds { topic, messages, now_ms } => {
-            publish(topics, store, topic, messages, *now_ms, Ids::Generated)
+            publish(topics, store, topic, messages, *now_ms, Ids::Generated, trim_budget)
         }
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
-        Request::Tick { now_ms } => tick(topics, store, *now_ms),
+        Request::Tick { now_ms } => tick(topics, store, *now_ms, trim_budget),
         Request::Batch(requests) => {
             let mut responses = Vec::with_capacity(requests.len());
             let mut changed = Vec::new();
             for request in requests {
-                let (response, touched) = apply_command(topics, store, request)?;
+                let (response, touched) = apply_command(topics, store, request, trim_budget)?;
                 responses.push(response);
                 changed.extend(touched);
             }
@@ -180,6 +184,7 @@ fn publish(
     messages: &[NewMessage],
     now_ms: u64,
     ids: Ids,
+    trim_budget: &mut u64,
 ) -> Result<(Response, Vec<String>), StoreError> {
     let Some(record) = topics.by_name.get_mut(name).filter(|r| !r.deleted) else {
         return Ok((Response::TopicNotFound, vec![]));
@@ -209,7 +214,7 @@ fn publish(
         results.push(PublishResult::Stored { sequence });
     }
     debug_assert!(record.first_sequence <= record.current_sequence + 1);
-    trim(record, store, now_ms)?;
+    trim(record, store, now_ms, trim_budget)?;
     Ok((Response::Published { results }, vec![name.to_string()]))
 }
 
@@ -224,7 +229,12 @@ fn ack(topics: &Topics, store: &mut impl SmStore, acks: &[AckRecord]) -> (Respon
     (Response::Acked, vec![])
 }
 
-fn tick(topics: &mut Topics, store: &mut impl SmStore, now_ms: u64) -> Result<(Response, Vec<String>), StoreError> {
+fn tick(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    now_ms: u64,
+    trim_budget: &mut u64,
+) -> Result<(Response, Vec<String>), StoreError> {
     let mut names: Vec<&String> = topics
         .by_name
         .iter()
@@ -233,22 +243,33 @@ fn tick(topics: &mut Topics, store: &mut impl SmStore, now_ms: u64) -> Result<(R
         .collect();
     // HashMap order differs between processes; the trim budget must not.
     names.sort();
+    // Each tick starts one topic further (by the leader's clock in the command, the same on
+    // every replica), so that when the budget runs out it is not always the same topics
+    // that wait.
+    if !names.is_empty() {
+        let start = (now_ms / TICK_ROTATION_MS) as usize % names.len();
+        names.rotate_left(start);
+    }
     let names: Vec<String> = names.into_iter().cloned().collect();
     let mut changed = Vec::new();
     for name in names {
+        if *trim_budget == 0 {
+            break;
+        }
         let Some(record) = topics.by_name.get_mut(&name) else {
             continue;
         };
-        if trim(record, store, now_ms)? > 0 {
+        if trim(record, store, now_ms, trim_budget)? > 0 {
             changed.push(name);
         }
     }
     Ok((Response::None, changed))
 }
 
-/// Drops the oldest messages while the topic is over any of its retention limits, at
-/// most [`TRIM_PER_COMMAND_MAX`] at a time. Returns how many were dropped.
-fn trim(record: &mut TopicRecord, store: &mut impl SmStore, now_ms: u64) -> Result<u64, StoreError> {
+/// Drops the oldest messages while the topic is over any of its retention limits, at most
+/// `budget` of them (what is left of the command's [`TRIM_PER_COMMAND_MAX`], reduced by what
+/// this drops). Returns how many were dropped.
+fn trim(record: &mut TopicRecord, store: &mut impl SmStore, now_ms: u64, budget: &mut u64) -> Result<u64, StoreError> {
     let retention = record.retention;
     if retention.is_unlimited() {
         return Ok(0);
@@ -256,7 +277,7 @@ fn trim(record: &mut TopicRecord, store: &mut impl SmStore, now_ms: u64) -> Resu
     let cutoff_ms = retention.hours.map(|h| now_ms.saturating_sub(h.saturating_mul(3_600_000)));
     let start = record.first_sequence;
     let mut first = start;
-    while first <= record.current_sequence && first - start < TRIM_PER_COMMAND_MAX {
+    while first <= record.current_sequence && first - start < *budget {
         let count = record.current_sequence + 1 - first;
         let over_count = retention.messages.is_some_and(|max| count > max);
         let over_bytes = retention.bytes.is_some_and(|max| record.bytes > max);
@@ -278,6 +299,7 @@ fn trim(record: &mut TopicRecord, store: &mut impl SmStore, now_ms: u64) -> Resu
         store.messages_delete(record.id, start, first);
         record.first_sequence = first;
     }
+    *budget -= first - start;
     Ok(first - start)
 }
 
@@ -506,6 +528,38 @@ pub(crate) mod tests {
         assert_eq!(t.by_name["a"].first_sequence, 1 + TRIM_PER_COMMAND_MAX);
         run(&mut t, &mut s, publish_at("a", &["last2"], 6));
         assert_eq!(t.by_name["a"].message_count(), 1);
+    }
+
+    #[test]
+    fn one_tick_trims_at_most_the_budget_over_all_topics_and_starts_further_each_time() {
+        let hour = 3_600_000;
+        let per_topic = TRIM_PER_COMMAND_MAX / 2 + 1;
+        // Three topics whose messages are all over an hour old by `now`.
+        let setup = || {
+            let (mut t, mut s) = (Topics::default(), MemStore::default());
+            for name in ["a", "b", "c"] {
+                run(&mut t, &mut s, create(name, Retention { hours: Some(1), ..Default::default() }));
+                let ids: Vec<String> = (0..per_topic).map(|i| format!("{name}{i}")).collect();
+                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                run(&mut t, &mut s, publish_at(name, &refs, 1_000));
+            }
+            (t, s)
+        };
+        let trimmed =
+            |t: &Topics| -> Vec<u64> { ["a", "b", "c"].iter().map(|n| t.by_name[*n].first_sequence - 1).collect() };
+        let now = 10 * hour;
+        let (mut t, mut s) = setup();
+        run(&mut t, &mut s, Request::Tick { now_ms: now });
+        let first_tick = trimmed(&t);
+        assert_eq!(first_tick.iter().sum::<u64>(), TRIM_PER_COMMAND_MAX, "{first_tick:?}");
+        run(&mut t, &mut s, Request::Tick { now_ms: now + TICK_ROTATION_MS });
+        assert_eq!(trimmed(&t), vec![per_topic; 3]);
+        // A tick a minute later, on the same state, starts one topic further: another topic waits.
+        let (mut t, mut s) = setup();
+        run(&mut t, &mut s, Request::Tick { now_ms: now + TICK_ROTATION_MS });
+        let waited = |trimmed: &[u64]| trimmed.iter().position(|&n| n == 0);
+        assert_ne!(waited(&first_tick), waited(&trimmed(&t)));
+        assert!(waited(&first_tick).is_some());
     }
 
     #[test]

@@ -347,10 +347,12 @@ impl SnapshotFiles {
             Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, unique_suffix()),
             None => format!("empty-{}", unique_suffix()),
         };
+        // Opened before the rename: an install finishing meanwhile removes every other
+        // snapshot file, this one included once renamed, and the handle outlives the name.
+        let file = std::fs::File::open(&part)?;
         std::fs::rename(&part, self.path(&snapshot_id))?;
         // Durable under its name before it is recorded as current and the log behind it purged.
         sync_dir(&self.dir)?;
-        let file = std::fs::File::open(self.path(&snapshot_id))?;
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         self.set_current(&meta)?;
         Ok((meta, file))
