@@ -321,3 +321,69 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use bytes::Bytes;
+    use raft_store::{NewMessage, Request};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A peer that completes the WebSocket handshake and then never reads again (hung, or
+    /// blackholed after the connection was made); returns its address and a count of accepts.
+    async fn peer_that_stops_reading() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                if let Ok(ws) = tokio_tungstenite::accept_async(stream).await {
+                    held.push(ws);
+                }
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn forward_of(payload_bytes: usize) -> RpcRequest {
+        let message = NewMessage { id: "m".into(), timestamp: 0, payload: Bytes::from(vec![b'1'; payload_bytes]) };
+        RpcRequest::Forward { req: Request::publish("t".into(), vec![message], 0, false) }
+    }
+
+    /// A peer whose Raft stopped answers `Fatal` at once: openraft must back off, not resend.
+    #[test]
+    fn a_remote_fatal_error_is_unreachable_and_an_api_error_stays_remote() {
+        let fatal: RaftError<NodeId, InstallSnapshotError> = RaftError::Fatal(openraft::error::Fatal::Stopped);
+        assert!(matches!(remote_error(2, fatal), RPCError::Unreachable(_)));
+        let mismatch = InstallSnapshotError::SnapshotMismatch(openraft::error::SnapshotMismatch {
+            expect: openraft::SnapshotSegmentId { id: "a".into(), offset: 0 },
+            got: openraft::SnapshotSegmentId { id: "b".into(), offset: 0 },
+        });
+        assert!(matches!(remote_error(2, RaftError::APIError(mismatch)), RPCError::RemoteError(_)));
+    }
+
+    /// A write that cannot complete (far more than the sockets buffer, to a peer that does not
+    /// read) must not hold the connection forever: it is dropped and the next request dials
+    /// again, instead of queueing behind the stuck write.
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_is_dialed_again_after_a_stalled_write() {
+        let (addr, accepted) = peer_that_stops_reading().await;
+        let pool = PeerPool::new(Env::production(None), None);
+        let conn = pool.conn(2, &addr);
+        let stuck = conn.call(forward_of(32 * 1024 * 1024), Duration::from_millis(500)).await;
+        assert!(matches!(stuck, Err(TransportError::Timeout(_))), "{stuck:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // The connection gives the write up after PEER_STALL_TIMEOUT; a request then dials again.
+        let deadline = Instant::now() + PEER_STALL_TIMEOUT * 3;
+        while accepted.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "no new connection: the stalled write still holds the old one");
+            let _ = conn.call(forward_of(1), Duration::from_millis(200)).await;
+        }
+    }
+}
