@@ -1321,7 +1321,12 @@ where
         match notify {
             Notify::PreVoteResponse { target, round, resp } => {
                 tracing::info!(target = display(&target), round, resp = display(&resp), "received a pre-vote answer");
-                if self.engine.handle_pre_vote_resp(target, round, resp) {
+                // PATCHED (pubsub-raft): what was checked when the round started (a voter,
+                // elections enabled) is checked again: either may have changed meanwhile.
+                if self.engine.handle_pre_vote_resp(target, round, resp)
+                    && self.engine.state.membership_state.effective().is_voter(&self.id)
+                    && self.runtime_config.enable_elect.load(Ordering::Relaxed)
+                {
                     self.elect_now();
                 }
             }
