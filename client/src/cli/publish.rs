@@ -5,7 +5,8 @@ use std::path::Path;
 
 use super::args::{payload_from_text, PublishArgs};
 use super::{CliError, Output};
-use crate::client::Client;
+use crate::client::{ensure_id, Client};
+use crate::error::Error;
 use crate::limits::BATCH_MESSAGES_MAX;
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
@@ -27,18 +28,50 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
                 let Some(message) = message_from_line(&line) else {
                     continue;
                 };
-                let published = client.publish_message(&args.topic, message, ack).await?;
-                print_ack(output, &published)?;
+                publish_one(client, output, &args.topic, message, ack).await?;
             }
             Ok(())
         }
         Some(text) => {
             let mut message = NewMessage::new(payload_from_text(text));
             message.id = args.id;
-            let published = client.publish_message(&args.topic, message, ack).await?;
-            print_ack(output, &published)
+            publish_one(client, output, &args.topic, message, ack).await
         }
         None => Err(CliError::Usage("give a payload, `-` or --batch FILE".into())),
+    }
+}
+
+/// Publishes one message and prints its ack. When the publish failed in a way that may still
+/// have stored it, says which id it had, so that publishing again with `--id` cannot store it
+/// twice (the id is generated here when none was given, and would be lost with the error).
+async fn publish_one(
+    client: &Client,
+    output: &Output,
+    topic: &str,
+    mut message: NewMessage,
+    ack: AckMode,
+) -> Result<(), CliError> {
+    let id = ensure_id(&mut message)?;
+    match client.publish_message(topic, message, ack).await {
+        Ok(published) => print_ack(output, &published),
+        Err(error) => {
+            if may_have_been_stored(&error) {
+                output.note(&format!(
+                    "message {id} may have been stored: publish it again with --id {id} to be sure it is stored once"
+                ));
+            }
+            Err(error.into())
+        }
+    }
+}
+
+/// Whether a failed publish may have been stored anyway: the answer was lost or the cluster
+/// could not confirm it (a refusal, `4xx`, stored nothing).
+fn may_have_been_stored(error: &Error) -> bool {
+    match error {
+        Error::Timeout { .. } | Error::Unreachable { .. } => true,
+        Error::Api(api) => api.status >= 500,
+        _ => false,
     }
 }
 
@@ -136,4 +169,21 @@ fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
         format!("published to {} as {sequence} (id {})", ack.topic, ack.id)
     };
     output.either(&human, ack)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_have_been_stored;
+    use crate::error::{ApiError, Error};
+
+    #[test]
+    fn only_lost_or_unconfirmed_publishes_may_have_been_stored() {
+        let api = |status, body: &str| Error::Api(ApiError::from_body(status, body.as_bytes()));
+        assert!(may_have_been_stored(&api(504, r#"{"error":"raft_timeout"}"#)));
+        assert!(may_have_been_stored(&api(500, r#"{"error":"not_committed"}"#)));
+        assert!(may_have_been_stored(&Error::Timeout { attempts: 3, elapsed: std::time::Duration::from_secs(30) }));
+        assert!(!may_have_been_stored(&api(404, r#"{"error":"topic_not_found"}"#)));
+        assert!(!may_have_been_stored(&api(409, r#"{"error":"duplicate_message_id"}"#)));
+        assert!(!may_have_been_stored(&Error::InvalidArgument("x".into())));
+    }
 }
