@@ -2,7 +2,6 @@
 //! refusal is an ordinary HTTP error body (API.md §5).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -17,7 +16,7 @@ use crate::error::ApiError;
 use crate::limits::{
     SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIBER_READ_BUFFER_BYTES, SUBSCRIBER_WRITE_BUFFER_BYTES, SUBSCRIPTIONS_MAX,
 };
-use crate::subscribe::session::{self, Session};
+use crate::subscribe::session::{self, Registration, Session};
 
 pub async fn subscribe(
     State(app): State<SharedApp>,
@@ -47,13 +46,13 @@ pub async fn subscribe(
             Err(_) => return Err(ApiError::InvalidCursor(format!("cursor {text:?} is not a number"))),
         },
     };
-    if app.subscriptions.load(Ordering::Relaxed) >= SUBSCRIPTIONS_MAX {
-        return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
-    }
     let upgrade = upgrade.map_err(|_| {
         ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
     })?;
     let session = Session { topic, topic_id: record.id, subscriber_id, cursor };
+    let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
+        return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
+    };
     Ok(upgrade
         .max_message_size(SUBSCRIBER_FRAME_BYTES_MAX)
         .max_frame_size(SUBSCRIBER_FRAME_BYTES_MAX)
@@ -63,8 +62,8 @@ pub async fn subscribe(
             // On the delivery runtime when there is one (see `limits::DELIVERY_THREAD_NICE`),
             // detached: a session ends by itself when its client goes or the node shuts down.
             match app.env.delivery.clone() {
-                Some(delivery) => drop(delivery.spawn(session::run(app, socket, session))),
-                None => session::run(app, socket, session).await,
+                Some(delivery) => drop(delivery.spawn(session::run(app, socket, session, registration))),
+                None => session::run(app, socket, session, registration).await,
             }
         })
         .into_response())

@@ -48,18 +48,24 @@ enum End {
 
 type Sink = SplitSink<WebSocket, Message>;
 
-/// Counts the session in the node's totals for as long as it lives.
-struct Registration {
+/// Counts the session in the node's totals for as long as it lives, from before its upgrade
+/// (dropped with the upgrade when that fails).
+pub struct Registration {
     app: SharedApp,
     key: (String, String),
 }
 
 impl Registration {
-    fn new(app: SharedApp, session: &Session) -> Self {
-        app.subscriptions.fetch_add(1, Ordering::Relaxed);
+    /// Takes one of the node's `max` subscription places; `None` when all are taken. Taken
+    /// before the upgrade, in one step, so that concurrent upgrades cannot overshoot.
+    pub fn reserve(app: SharedApp, session: &Session, max: usize) -> Option<Self> {
+        if app.subscriptions.fetch_add(1, Ordering::Relaxed) >= max {
+            app.subscriptions.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
         let key = (session.topic.clone(), session.subscriber_id.clone());
         *app.connected.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_insert(0) += 1;
-        Self { app, key }
+        Some(Self { app, key })
     }
 }
 
@@ -76,8 +82,8 @@ impl Drop for Registration {
     }
 }
 
-pub async fn run(app: SharedApp, socket: WebSocket, session: Session) {
-    let _registration = Registration::new(app.clone(), &session);
+pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registration: Registration) {
+    let _registration = registration;
     let (mut sink, stream) = socket.split();
     let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
     let client_gone = Arc::new(Notify::new());
