@@ -88,6 +88,8 @@ pub(crate) fn classify(status: u16, error: Option<&ApiError>, location: Option<&
             Verdict::Redirect(from_body.or(from_header))
         }
         503 => Verdict::Retry { maybe_applied: false, forget_leader: true },
+        // The node did not get the whole body in time (`request_timeout`): nothing was done.
+        408 => Verdict::Retry { maybe_applied: false, forget_leader: false },
         // The leader could not commit in time: it may have lost its majority (a leader cut off
         // from the others still answers, and would time out every write while the majority
         // elects another), so ask again who leads.
@@ -172,6 +174,11 @@ mod tests {
         assert_eq!(classify(503, Some(&no_leader), None), Verdict::Retry { maybe_applied: false, forget_leader: true });
         let timeout = ApiError::from_body(504, br#"{"error":"raft_timeout"}"#);
         assert_eq!(classify(504, Some(&timeout), None), Verdict::Retry { maybe_applied: true, forget_leader: true });
+        let slow_body = ApiError::from_body(408, br#"{"error":"request_timeout"}"#);
+        assert_eq!(
+            classify(408, Some(&slow_body), None),
+            Verdict::Retry { maybe_applied: false, forget_leader: false }
+        );
         let not_committed = ApiError::from_body(500, br#"{"error":"not_committed"}"#);
         assert!(matches!(classify(500, Some(&not_committed), None), Verdict::Retry { maybe_applied: true, .. }));
     }

@@ -25,6 +25,8 @@ pub enum ApiError {
     InvalidTopicName(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    #[error("the request body did not arrive within {0} s")]
+    RequestTimeout(u64),
     #[error("missing or wrong cluster secret")]
     Unauthorized,
     #[error("the write was not committed within {0} ms; it may still commit")]
@@ -54,6 +56,7 @@ impl ApiError {
             Self::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             Self::InvalidTopicName(_) => (StatusCode::BAD_REQUEST, "invalid_topic_name"),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::RaftTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
             Self::NotCommitted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not_committed"),

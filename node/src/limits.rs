@@ -68,6 +68,9 @@ pub const PROPOSAL_MERGED_MESSAGES_MAX: usize = BATCH_MESSAGES_MAX;
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest a request body may take to arrive (`408 request_timeout` after).
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Payload bytes of `ack=appended` publishes answered but not yet applied, per node; past it
 /// the next one waits (at most [`WRITE_TIMEOUT`]) for earlier ones to be applied.
 pub const APPENDED_BYTES_MAX: usize = 64 * 1024 * 1024;

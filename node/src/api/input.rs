@@ -2,6 +2,7 @@
 //! documented 4xx, never a panic or a 5xx.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -9,7 +10,7 @@ use axum::extract::{Path, Query};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::limits::{BODY_DRAIN_BYTES_MAX, ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
+use crate::limits::{BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
 
 /// The topic name from the path, checked against `[A-Za-z0-9._-]{1,255}`.
 pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -34,21 +35,32 @@ pub fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Resul
 /// The rest of a too-large body is read and dropped (up to [`BODY_DRAIN_BYTES_MAX`]) before
 /// answering: a client still sending when the server closes the connection would see a reset
 /// instead of the 413.
+///
+/// A body that has not arrived within [`BODY_READ_TIMEOUT`] is `408 request_timeout`: a client
+/// trickling bytes (or stalled) must not hold a connection and its buffer forever.
 pub async fn body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    body_within(body, limit, BODY_READ_TIMEOUT).await
+}
+
+async fn body_within(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
     use futures_util::StreamExt;
     let too_large = || ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"));
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
-        total += chunk.len();
-        if total <= limit {
-            buf.extend_from_slice(&chunk);
-        } else if total > limit.saturating_add(BODY_DRAIN_BYTES_MAX) {
-            break;
+    let read = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
+            total += chunk.len();
+            if total <= limit {
+                buf.extend_from_slice(&chunk);
+            } else if total > limit.saturating_add(BODY_DRAIN_BYTES_MAX) {
+                break;
+            }
         }
-    }
+        Ok::<(), ApiError>(())
+    };
+    tokio::time::timeout(timeout, read).await.map_err(|_| ApiError::RequestTimeout(timeout.as_secs()))??;
     if total > limit {
         return Err(too_large());
     }
@@ -91,6 +103,15 @@ mod tests {
         assert!(!ok("a b"));
         assert!(!ok("a/b"));
         assert!(!ok("é"));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_a_request_timeout() {
+        let never = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
+        let result = body_within(never, 1024, Duration::from_millis(50)).await;
+        assert!(matches!(result, Err(ApiError::RequestTimeout(_))), "{result:?}");
+        let small = body_within(Body::from("{}"), 1024, Duration::from_millis(50)).await.unwrap();
+        assert_eq!(&small[..], b"{}");
     }
 
     #[test]
