@@ -16,7 +16,7 @@ use crate::db::cf;
 use crate::feeds::{Feeds, TopicSignal};
 use crate::keys::{decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, SM_CFS};
 use crate::limits::{READ_BYTES_MAX, READ_MESSAGES_MAX};
-use crate::rules::Topics;
+use crate::rules::{MessageMeta, Topics};
 use crate::StoreError;
 
 /// A message as stored (and as read back).
@@ -39,6 +39,21 @@ impl StoredMessage {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, StoreError> {
         bincode::deserialize(bytes).map_err(StoreError::decode("message"))
+    }
+
+    /// What retention needs of an encoded message, without copying its payload (up to 1 MiB):
+    /// the fields before the payload and the payload's length prefix, which bincode writes
+    /// in this order.
+    pub fn decode_meta(bytes: &[u8]) -> Result<MessageMeta, StoreError> {
+        #[derive(Deserialize)]
+        struct Head {
+            id: String,
+            _timestamp: u64,
+            stored_at: u64,
+            payload_len: u64,
+        }
+        let head: Head = bincode::deserialize(bytes).map_err(StoreError::decode("message"))?;
+        Ok(MessageMeta { id: head.id, payload_bytes: head.payload_len, stored_at: head.stored_at })
     }
 }
 
@@ -150,5 +165,19 @@ impl StoreReader {
     /// Watches the index of the last applied log entry.
     pub fn watch_applied(&self) -> watch::Receiver<u64> {
         self.feeds.watch_applied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meta_of_an_encoded_message_is_read_without_its_payload() {
+        let message =
+            StoredMessage { id: "m-1".into(), timestamp: 7, stored_at: 9, payload: Bytes::from(vec![b'x'; 1000]) };
+        let meta = StoredMessage::decode_meta(&message.encode()).unwrap();
+        assert_eq!(meta, MessageMeta { id: "m-1".into(), payload_bytes: 1000, stored_at: 9 });
+        assert!(StoredMessage::decode_meta(&message.encode()[..5]).is_err());
     }
 }

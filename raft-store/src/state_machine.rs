@@ -257,10 +257,7 @@ impl SmStore for ApplyBatch<'_> {
             return Ok(Some(meta.clone()));
         }
         match self.db.get_pinned_cf(self.cf_messages, message_key(topic_id, sequence))? {
-            Some(bytes) => {
-                let m = StoredMessage::decode(&bytes)?;
-                Ok(Some(MessageMeta { payload_bytes: m.payload.len() as u64, id: m.id, stored_at: m.stored_at }))
-            }
+            Some(bytes) => Ok(Some(StoredMessage::decode_meta(&bytes)?)),
             None => Ok(None),
         }
     }
