@@ -57,6 +57,9 @@ pub enum RpcResponse {
         actual: NodeId,
     },
     PreVote(Result<VoteResponse, RaftError>),
+    /// The receiver could not read the request (a message of a newer build, during a rolling
+    /// upgrade): only that request fails, not the connection. Added last.
+    Undecodable,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -81,4 +84,25 @@ pub fn encode<T: Serialize>(frame: &Frame<T>) -> Result<Vec<u8>, bincode::Error>
 
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Frame<T>, bincode::Error> {
     bincode::deserialize(bytes)
+}
+
+/// The id of a frame whose body does not decode: bincode writes it first, as 8 bytes
+/// little-endian. `None` when the frame is too short to hold one.
+pub fn frame_id(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body this build does not know (a variant added by a later one) still yields its id.
+    #[test]
+    fn the_id_of_an_undecodable_frame_is_read() {
+        let mut bytes = encode(&Frame { id: 4242, body: RpcResponse::WrongNode { actual: 1 } }).unwrap();
+        bytes[8..12].copy_from_slice(&999u32.to_le_bytes());
+        assert!(decode::<RpcResponse>(&bytes).is_err());
+        assert_eq!(frame_id(&bytes), Some(4242));
+        assert_eq!(frame_id(&bytes[..7]), None);
+    }
 }

@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
+use super::codec::{decode, encode, frame_id, Frame, RpcRequest, RpcResponse};
 use crate::limits::{
     APPEND_ENTRIES_BYTES_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT,
     RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
@@ -186,7 +186,16 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
                                     let _ = reply.send(Ok(frame.body));
                                 }
                             }
-                            Err(e) => break format!("undecodable response: {e}"),
+                            // An answer of a newer build: only its request fails.
+                            Err(e) => match frame_id(&bytes) {
+                                Some(id) => {
+                                    if let Some(reply) = pending.remove(&id) {
+                                        let e = TransportError::Unreachable(format!("{addr}: unreadable answer: {e}"));
+                                        let _ = reply.send(Err(e));
+                                    }
+                                }
+                                None => break format!("unreadable frame: {e}"),
+                            },
                         }
                     }
                     Some(Ok(Message::Close(_))) | None => break "closed by peer".into(),
@@ -270,6 +279,11 @@ impl PeerClient {
         let response = self.conn.call(request, timeout).await.map_err(transport_error)?;
         if let RpcResponse::WrongNode { actual } = response {
             let e = TransportError::Unreachable(format!("expected node-{} but reached node-{actual}", self.target));
+            return Err(transport_error(e));
+        }
+        if let RpcResponse::Undecodable = response {
+            // An older build that does not know this request: backing off is all there is to do.
+            let e = TransportError::Unreachable(format!("node-{} cannot read this request", self.target));
             return Err(transport_error(e));
         }
         Ok(response)

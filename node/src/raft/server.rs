@@ -11,7 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use subtle::ConstantTimeEq;
 use tokio::sync::{Mutex, Semaphore};
 
-use super::codec::{decode, encode, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
+use super::codec::{decode, encode, frame_id, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
@@ -63,10 +63,24 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
         };
         let frame = match decode::<RpcRequest>(&bytes) {
             Ok(frame) => frame,
-            Err(e) => {
-                tracing::warn!(error = %e, "undecodable raft rpc; closing the peer connection");
-                break;
-            }
+            Err(e) => match frame_id(&bytes) {
+                // A request of a newer build: only it fails, so the connection keeps carrying
+                // the ones this node knows (and the sender does not re-dial in a loop).
+                Some(id) => {
+                    tracing::warn!(error = %e, id, "undecodable raft rpc; answering that it cannot be read");
+                    if let Ok(answer) = encode(&Frame { id, body: RpcResponse::Undecodable }) {
+                        let write = async { sink.lock().await.send(Message::Binary(answer.into())).await };
+                        if !matches!(tokio::time::timeout(PEER_STALL_TIMEOUT, write).await, Ok(Ok(()))) {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                None => {
+                    tracing::warn!(error = %e, "unreadable raft frame; closing the peer connection");
+                    break;
+                }
+            },
         };
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
