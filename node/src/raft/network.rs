@@ -240,7 +240,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
-        PeerClient { target, conn: self.pool.conn(target, &node.addr) }
+        PeerClient { target, conn: self.pool.conn(target, &node.addr), entries_cap: None }
     }
 }
 
@@ -248,6 +248,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     conn: Arc<PeerConn>,
+    /// Set when an AppendEntries of several entries timed out: the next one carries at most
+    /// this many. openraft never shrinks a batch after a timeout by itself, so on a link too
+    /// slow for a full batch within its deadline a lagging follower would never catch up.
+    entries_cap: Option<u64>,
 }
 
 /// A peer's own error, as openraft should take it. A `Fatal` one means the peer's Raft has
@@ -273,18 +277,23 @@ impl PeerClient {
         request: RpcRequest,
         option: &RPCOption,
     ) -> Result<RpcResponse, RPCError<E>> {
+        self.call_raw(request, option).await.map_err(transport_error)
+    }
+
+    async fn call_raw(&self, request: RpcRequest, option: &RPCOption) -> Result<RpcResponse, TransportError> {
         // openraft bounds some calls by the same deadline and treats its own expiry
         // differently (a snapshot chunk is then not retried): the margin lets its timer win.
         let timeout = option.hard_ttl() + PEER_CALL_TIMEOUT_MARGIN;
-        let response = self.conn.call(request, timeout).await.map_err(transport_error)?;
+        let response = self.conn.call(request, timeout).await?;
         if let RpcResponse::WrongNode { actual } = response {
-            let e = TransportError::Unreachable(format!("expected node-{} but reached node-{actual}", self.target));
-            return Err(transport_error(e));
+            return Err(TransportError::Unreachable(format!(
+                "expected node-{} but reached node-{actual}",
+                self.target
+            )));
         }
         if let RpcResponse::Undecodable = response {
             // An older build that does not know this request: backing off is all there is to do.
-            let e = TransportError::Unreachable(format!("node-{} cannot read this request", self.target));
-            return Err(transport_error(e));
+            return Err(TransportError::Unreachable(format!("node-{} cannot read this request", self.target)));
         }
         Ok(response)
     }
@@ -301,12 +310,24 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RPCError> {
         let entries = req.entries.len() as u64;
+        if let Some(cap) = self.entries_cap.take() {
+            if entries > cap {
+                // openraft keeps the hint for the next few AppendEntries.
+                return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(cap)));
+            }
+        }
         if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > APPEND_ENTRIES_BYTES_MAX {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)));
         }
-        match self.call(RpcRequest::AppendEntries { target: self.target, req }, &option).await? {
-            RpcResponse::AppendEntries(r) => r.map_err(|e| remote_error(self.target, e)),
-            _ => Err(unexpected()),
+        match self.call_raw(RpcRequest::AppendEntries { target: self.target, req }, &option).await {
+            Ok(RpcResponse::AppendEntries(r)) => r.map_err(|e| remote_error(self.target, e)),
+            Ok(_) => Err(unexpected()),
+            Err(e) => {
+                if matches!(e, TransportError::Timeout(_)) && entries > 1 {
+                    self.entries_cap = Some(entries / 2);
+                }
+                Err(transport_error(e))
+            }
         }
     }
 
@@ -368,6 +389,35 @@ mod tests {
     fn forward_of(payload_bytes: usize) -> RpcRequest {
         let message = NewMessage { id: "m".into(), timestamp: 0, payload: Bytes::from(vec![b'1'; payload_bytes]) };
         RpcRequest::Forward { req: Request::publish("t".into(), vec![message], 0, false) }
+    }
+
+    /// After an AppendEntries of several entries timed out, the next one is asked to carry half
+    /// as many: on a link too slow for a full batch, replication still makes progress.
+    #[tokio::test]
+    async fn a_timed_out_append_entries_halves_the_next_one() {
+        use openraft::{Entry, EntryPayload, LeaderId, LogId, Vote};
+        let (addr, _accepted) = peer_that_stops_reading().await;
+        let pool = PeerPool::new(Env::production(None), None);
+        let mut client = PeerClient { target: 2, conn: pool.conn(2, &addr), entries_cap: None };
+        let request = |n: u64| AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries: (1..=n)
+                .map(|i| Entry { log_id: LogId::new(LeaderId::new(1, 1), i), payload: EntryPayload::Blank })
+                .collect(),
+            leader_commit: None,
+        };
+        let option = RPCOption::new(Duration::from_millis(100));
+        let first = client.append_entries(request(8), option.clone()).await;
+        assert!(matches!(first, Err(RPCError::Network(_))), "{first:?}");
+        let next = client.append_entries(request(8), option.clone()).await;
+        match next {
+            Err(RPCError::PayloadTooLarge(hint)) => assert_eq!(hint.entries_hint(), 4),
+            other => panic!("expected a hint of 4 entries, got {other:?}"),
+        }
+        // One entry that times out sets no cap.
+        let _ = client.append_entries(request(1), option.clone()).await;
+        assert_eq!(client.entries_cap, None);
     }
 
     /// A peer whose Raft stopped answers `Fatal` at once: openraft must back off, not resend.
