@@ -109,11 +109,13 @@ fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
     Ok(compact)
 }
 
-/// How deep arrays and objects nest in already-validated JSON.
-fn nesting_depth(text: &str) -> usize {
-    let (mut depth, mut deepest) = (0usize, 0usize);
+/// Calls `each` with every byte of already-validated JSON and whether it lies inside a
+/// string (its closing quote included, its opening quote not): the one place that knows
+/// where strings and their escapes end.
+fn for_each_byte(text: &str, mut each: impl FnMut(u8, bool)) {
     let (mut in_string, mut escaped) = (false, false);
     for &b in text.as_bytes() {
+        each(b, in_string);
         if in_string {
             if escaped {
                 escaped = false;
@@ -122,18 +124,24 @@ fn nesting_depth(text: &str) -> usize {
             } else if b == b'"' {
                 in_string = false;
             }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
+        } else {
+            in_string = b == b'"';
         }
     }
+}
+
+/// How deep arrays and objects nest in already-validated JSON.
+fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    for_each_byte(text, |b, in_string| match b {
+        _ if in_string => {}
+        b'[' | b'{' => {
+            depth += 1;
+            deepest = deepest.max(depth);
+        }
+        b']' | b'}' => depth = depth.saturating_sub(1),
+        _ => {}
+    });
     deepest
 }
 
@@ -141,22 +149,11 @@ fn nesting_depth(text: &str) -> usize {
 /// else (key order, number spelling) exactly as the client wrote it.
 pub fn minify(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for &b in text.as_bytes() {
-        if in_string {
-            out.push(b);
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if !b.is_ascii_whitespace() {
-            in_string = b == b'"';
+    for_each_byte(text, |b, in_string| {
+        if in_string || !b.is_ascii_whitespace() {
             out.push(b);
         }
-    }
+    });
     out
 }
 

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use subtle::ConstantTimeEq;
 use tokio::sync::{Mutex, Semaphore};
@@ -68,13 +69,10 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
                 // the ones this node knows (and the sender does not re-dial in a loop).
                 Some(id) => {
                     tracing::warn!(error = %e, id, "undecodable raft rpc; answering that it cannot be read");
-                    if let Ok(answer) = encode(&Frame { id, body: RpcResponse::Undecodable }) {
-                        let write = async { sink.lock().await.send(Message::Binary(answer.into())).await };
-                        if !matches!(tokio::time::timeout(PEER_STALL_TIMEOUT, write).await, Ok(Ok(()))) {
-                            break;
-                        }
+                    if answer(&sink, Frame { id, body: RpcResponse::Undecodable }).await {
+                        continue;
                     }
-                    continue;
+                    break;
                 }
                 None => {
                     tracing::warn!(error = %e, "unreadable raft frame; closing the peer connection");
@@ -95,17 +93,24 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
         tokio::spawn(async move {
             let _permit = permit;
             let body = dispatch(&app, frame.body).await;
-            match encode(&Frame { id: frame.id, body }) {
-                // A failed or stalled write means the connection is gone or the peer stopped
-                // reading; it retries on a new connection.
-                Ok(bytes) => {
-                    let write = async { sink.lock().await.send(Message::Binary(bytes.into())).await };
-                    let _ = tokio::time::timeout(PEER_STALL_TIMEOUT, write).await;
-                }
-                Err(e) => tracing::error!(error = %e, "cannot encode raft response"),
-            }
+            answer(&sink, Frame { id: frame.id, body }).await;
         });
     }
+}
+
+/// Writes one answer, within [`PEER_STALL_TIMEOUT`]; false when it could not be written. A
+/// failed or stalled write means the connection is gone or the peer stopped reading; the
+/// peer retries on a new connection.
+async fn answer(sink: &Mutex<SplitSink<WebSocket, Message>>, frame: Frame<RpcResponse>) -> bool {
+    let bytes = match encode(&frame) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode raft response");
+            return true;
+        }
+    };
+    let write = async { sink.lock().await.send(Message::Binary(bytes.into())).await };
+    matches!(tokio::time::timeout(PEER_STALL_TIMEOUT, write).await, Ok(Ok(())))
 }
 
 async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
