@@ -351,6 +351,28 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     assert_eq!(page["next_cursor"], 4);
     assert_eq!(page["messages"][0]["payload"], json!({"order_id": "ORD-3"}));
 
+    // Publishing stdin into a closed stdout stops with an error, not exit 0 with input left.
+    let mut child = tokio::process::Command::new(cli_binary())
+        .args(["-s", s, "publish", "orders", "-"])
+        .env_remove("PUBSUB_SERVER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn pubsub");
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"5\n6\n7\n").await.expect("write stdin");
+    drop(stdin);
+    let out = tokio::time::timeout(CONVERGE, child.wait_with_output()).await.expect("pubsub finished").expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("output closed: stopped publishing"), "{err}");
+    let (_, out, _) = pubsub(&["-s", s, "--json", "read", "orders", "--after", "4"], None).await;
+    let page: Value = serde_json::from_str(out.trim()).expect("a JSON page");
+    assert_eq!(page["messages"].as_array().map(Vec::len), Some(1), "the first line is stored, then it stops: {out}");
+
     // The server refuses: exit 1 with its error code.
     let (code, _, err) = pubsub(&["-s", s, "publish", "missing", "{}"], None).await;
     assert_eq!(code, 1, "{err}");

@@ -538,3 +538,43 @@ fn a_follower_cut_off_and_healed_does_not_unseat_the_leader() {
         assert_eq!(info["raft_term"], json!(term), "a term rose: {after:?}");
     }
 }
+
+/// A client that sends part of a request's headers and then nothing is cut off after the
+/// node's header deadline (`HEADER_READ_TIMEOUT`) instead of holding its connection and
+/// buffers forever; so is a keep-alive connection left idle that long after an answer.
+/// Without the deadline both reads below wait until the simulation ends.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn connections_that_send_no_request_in_time_are_closed() {
+    use pubsub_node::limits::HEADER_READ_TIMEOUT;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(7);
+    add_nodes(&mut sim, 1, dir.path());
+    sim.client("slow", async move {
+        while request(&host(0), "GET", "/ready", None).await.map(|(status, _)| status) != Ok(200) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut half = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
+        half.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n").await?;
+        let mut idle = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
+        idle.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n\r\n").await?;
+        let sent = tokio::time::Instant::now();
+        let closed_within = |at: tokio::time::Instant| {
+            let after = at.duration_since(sent);
+            after >= HEADER_READ_TIMEOUT - Duration::from_secs(1) && after <= HEADER_READ_TIMEOUT + Duration::from_secs(2)
+        };
+
+        let mut answer = Vec::new();
+        idle.read_to_end(&mut answer).await?;
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+        assert!(closed_within(tokio::time::Instant::now()), "idle connection closed {:?} after", sent.elapsed());
+
+        let mut nothing = Vec::new();
+        half.read_to_end(&mut nothing).await?;
+        assert!(nothing.is_empty(), "{}", String::from_utf8_lossy(&nothing));
+        assert!(closed_within(tokio::time::Instant::now()), "half-sent request closed {:?} after", sent.elapsed());
+        Ok(())
+    });
+    sim.run().expect("simulation");
+}

@@ -23,16 +23,23 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// so a slow commit comes back as `504 raft_timeout` rather than as a client-side timeout.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
-/// How long an unused keep-alive connection to a node stays in the pool (reqwest's default,
-/// which the client used before): long enough to outlive pauses between bursts, short enough
-/// that connections to nodes the client stopped using are closed.
-pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an unused keep-alive connection to a node stays in the pool: long enough to
+/// outlive pauses between bursts, and shorter than the 30 s after which a node closes a
+/// connection idle between requests (its `HEADER_READ_TIMEOUT`), so the client never sends a
+/// request on a connection the node is closing at that moment.
+pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Idle keep-alive connections kept per node. A client with more requests in flight than
 /// this opens the extra connections for each burst and closes them after; the cap keeps a
 /// burst of thousands from holding as many sockets (and server tasks) open for the idle
 /// timeout.
 pub const HTTP_POOL_IDLE_PER_NODE_MAX: usize = 256;
+
+/// Longest HTTP answer the client reads into memory. A node's largest answers are a page of
+/// messages (about 5 MiB) and the list of topics (100,000 topics with their metadata); past
+/// this the answer is an error instead of memory growing as long as a broken or hostile
+/// server keeps sending.
+pub const HTTP_ANSWER_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// Attempts one operation may make (the first try included) before the client gives up.
 /// With the backoff below this covers a few seconds of leader election.
@@ -68,6 +75,10 @@ pub const SUBSCRIPTION_EVENTS_BUFFERED: usize = 256;
 
 /// How long [`crate::Subscription::close`] waits for the last ack and the close handshake.
 pub const SUBSCRIPTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a publishing connection waits to send its close frame (the node may have stopped
+/// reading) before it drops the socket without one.
+pub const PUBLISH_WS_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Publishes in flight on one [`crate::Publisher`] connection: the server's own limit
 /// (API.md §8). Past it the server stops reading the socket, so more would only wait in

@@ -7,6 +7,7 @@
 //! - [`propose`]: the leader's proposer, batching concurrent writes into one Raft entry.
 //! - [`api`]: the HTTP client API (axum routes), one module per resource.
 //! - [`subscribe`]: WebSocket subscriptions and coalesced acks.
+//! - [`serve`]: the HTTP server loop (accepting, header deadline, graceful stop).
 //! - [`raft`]: Raft RPC over one multiplexed WebSocket per peer (client and server side).
 //! - [`error`]: [`ApiError`](error::ApiError), the single mapping to HTTP statuses and bodies.
 //! - [`metrics`]: Prometheus metrics.
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod net;
 pub mod propose;
 pub mod raft;
+pub mod serve;
 pub mod subscribe;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -130,7 +132,7 @@ where
             token.cancel();
         }
     };
-    axum::serve(listener, api::router(app.clone())).with_graceful_shutdown(signal).await?;
+    serve::serve(listener, api::router(app.clone()), signal).await;
 
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not stop cleanly");

@@ -71,6 +71,12 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a request body may take to arrive (`408 request_timeout` after).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a request's headers may take to arrive, counted from the end of the previous answer
+/// on a keep-alive connection (so it is also how long such a connection may sit idle); then
+/// the connection is closed. Clients should drop idle connections sooner (the Rust client
+/// after 20 s).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Payload bytes of `ack=appended` publishes answered but not yet applied, per node; past it
 /// the next one waits (at most [`WRITE_TIMEOUT`]) for earlier ones to be applied.
 pub const APPENDED_BYTES_MAX: usize = 64 * 1024 * 1024;

@@ -28,7 +28,7 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
                 let Some(message) = message_from_line(&line) else {
                     continue;
                 };
-                publish_one(client, output, &args.topic, message, ack).await?;
+                publish_one(client, output, &args.topic, message, ack).await.map_err(input_left_unpublished)?;
             }
             Ok(())
         }
@@ -62,6 +62,20 @@ async fn publish_one(
             }
             Err(error.into())
         }
+    }
+}
+
+/// A closed stdout ends a reading command quietly (`pubsub read t | head`), but here it would
+/// stop publishing with input left over and exit 0 as if all of it were stored: fail instead.
+/// What was printed before is stored; the message whose ack could not be printed is too.
+fn input_left_unpublished(error: CliError) -> CliError {
+    match error {
+        CliError::OutputClosed => CliError::Io(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "output closed: stopped publishing; the rest of the input (after the last message \
+             whose ack could not be printed, which is stored) was not published",
+        )),
+        other => other,
     }
 }
 
@@ -118,11 +132,8 @@ async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Re
         published += counts.0;
         duplicates += counts.1;
         failed += counts.2;
-        if output.json {
-            output.json_line(&ack)?;
-        } else {
-            output.line(&batch_summary(number, &ack))?;
-        }
+        let printed = if output.json { output.json_line(&ack) } else { output.line(&batch_summary(number, &ack)) };
+        printed.map_err(input_left_unpublished)?;
     }
     output.note(&format!(
         "{published} published, {duplicates} duplicates, {failed} failed, in {number} batches to {topic}"

@@ -115,12 +115,17 @@ impl Client {
     }
 
     /// One pass of `GET /cluster` over the known nodes, starting at the round-robin position,
-    /// until one names a leader.
+    /// until one names a leader; all of it within `timeout` (nodes not asked by then are not).
     pub(crate) async fn discover(&self, timeout: Duration) -> Result<Url, Failure> {
+        let deadline = Instant::now() + timeout;
         let mut last = Failure::NoLeader;
         for _ in 0..self.node_count() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
             let node = self.next_node();
-            match self.cluster_info(&node, timeout).await {
+            match self.cluster_info(&node, left).await {
                 Ok(Some(info)) => {
                     self.learn(&info);
                     if let Some(leader) = self.leader() {
@@ -163,6 +168,8 @@ impl Client {
                     None => self.leader().unwrap_or_else(|| self.next_node()),
                 };
                 let url = http_url(&target, &segments(call), &call.query);
+                // Discovery may have used part of the budget.
+                let timeout = timeout.min(policy.operation_timeout.saturating_sub(started.elapsed()));
                 let answer = match self.inner.http.send(call.method.clone(), &url, call.body.clone(), timeout).await {
                     Ok(answer) => answer,
                     Err(e) => {

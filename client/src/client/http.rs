@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, LOCATION, USER_AGENT};
 use hyper::{Method, Request, Uri};
 use url::{Position, Url};
 
 use super::pool::{Connection, Pool};
 use crate::error::BoxError;
+use crate::limits::HTTP_ANSWER_BYTES_MAX;
 
 const CLIENT_USER_AGENT: HeaderValue = HeaderValue::from_static(concat!("pubsub-client/", env!("CARGO_PKG_VERSION")));
 
@@ -55,12 +56,13 @@ pub(crate) enum HttpError {
         #[source]
         source: hyper::Error,
     },
-    /// The connection broke while the body was read.
+    /// The connection broke while the body was read, or the body passed
+    /// [`HTTP_ANSWER_BYTES_MAX`].
     #[error("reading the answer from {url} failed")]
     Body {
         url: String,
         #[source]
-        source: hyper::Error,
+        source: BoxError,
     },
     /// A URL http::Uri refuses (the client builds them, so this is a bug).
     #[error("invalid request URL {url}")]
@@ -178,7 +180,7 @@ impl Http {
             let status = response.status().as_u16();
             let location = response.headers().get(LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
             let body = connection
-                .drive(response.into_body().collect())
+                .drive(Limited::new(response.into_body(), HTTP_ANSWER_BYTES_MAX).collect())
                 .await
                 .map_err(|source| HttpError::Body { url: url.to_string(), source })?
                 .to_bytes();
@@ -279,6 +281,23 @@ mod tests {
         assert_eq!(get(&http, &url).await.status, 200);
         assert_eq!(counts.requests.load(Ordering::SeqCst), 2);
         assert_eq!(counts.connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_answer_longer_than_the_cap_is_an_error_not_a_growing_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            // Chunked, and never ending: only the cap stops the reader.
+            let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
+            let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "x".repeat(1 << 20));
+            while socket.write_all(chunk.as_bytes()).await.is_ok() {}
+        });
+        let error = Http::new(TIMEOUT).send(Method::GET, &url, None, Duration::from_secs(60)).await.unwrap_err();
+        assert!(matches!(error, HttpError::Body { .. }), "{error:?}");
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::ApiError;
-use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve_with};
+use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve, serve_with};
 
 /// Bodies received by a mock endpoint, in order.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -338,6 +338,33 @@ async fn a_node_that_never_answers_is_a_timeout() {
     let publish = client.publish("t", json!(1)).await;
     assert!(matches!(publish, Err(Error::Timeout { attempts: 2, .. })), "{publish:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "each attempt waited its own timeout only");
+}
+
+#[tokio::test]
+async fn finding_the_leader_among_silent_nodes_keeps_to_the_operation_timeout() {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(
+            serve(Router::new().route(
+                "/cluster",
+                get(|| async {
+                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                    "never"
+                }),
+            ))
+            .await,
+        );
+    }
+    let client = Client::builder(nodes)
+        .request_timeout(std::time::Duration::from_secs(2))
+        .operation_timeout(std::time::Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let publish = client.publish("t", json!(1)).await;
+    assert!(matches!(publish, Err(Error::Timeout { .. })), "{publish:?}");
+    // Asking each node for its whole request timeout took 6 s.
+    assert!(started.elapsed() < std::time::Duration::from_millis(1500), "took {:?}", started.elapsed());
 }
 
 #[tokio::test]

@@ -3,18 +3,21 @@
 //! The writer sends queued frames, as many as are waiting in one flush. The reader pairs
 //! each answer with its waiter by `ref`. Whichever of them sees the connection fail closes
 //! the [`Pending`] map, which tells every waiter and refuses new ones, so no publish waits
-//! on a connection that is gone.
+//! on a connection that is gone. A publisher that closes the map itself (a publish timed
+//! out, the node is no longer the leader) ends both tasks too, so the socket is closed then
+//! and not only when the last clone of the publisher is dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use super::wire::{self, Answer};
+use crate::limits::PUBLISH_WS_CLOSE_TIMEOUT;
 use super::Socket;
 
 /// Why a waiter got no answer: the connection is gone, for this reason.
@@ -36,6 +39,8 @@ pub(super) struct Pending {
     state: Mutex<State>,
     /// The publishers' in-flight slots, closed with the map to wake publishes waiting for one.
     slots: Arc<Semaphore>,
+    /// Turns true when the map is closed: tells the connection's tasks to stop.
+    gone: watch::Sender<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -47,7 +52,7 @@ struct State {
 
 impl Pending {
     pub(super) fn new(slots: Arc<Semaphore>) -> Pending {
-        Pending { state: Mutex::new(State::default()), slots }
+        Pending { state: Mutex::new(State::default()), slots, gone: watch::Sender::new(false) }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -88,9 +93,17 @@ impl Pending {
             (std::mem::take(&mut state.waiting), reason)
         };
         self.slots.close();
+        self.gone.send_replace(true);
         for waiter in waiting.into_values() {
             let _ = waiter.reply.send(Err(reason.clone()));
         }
+    }
+
+    /// Resolves once the map is closed.
+    async fn closed(&self) {
+        let mut gone = self.gone.subscribe();
+        // The sender lives in `self`, so this cannot fail while it is borrowed.
+        let _ = gone.wait_for(|gone| *gone).await;
     }
 
     /// Why the connection is gone, once it is.
@@ -112,8 +125,26 @@ pub(super) fn spawn(socket: Socket, frames: mpsc::Receiver<String>, pending: Arc
     tokio::spawn(read(stream, pending, writer)).abort_handle()
 }
 
-/// Sends frames until every sender is gone, then closes the socket.
+/// Sends frames until every sender is gone or the map is closed, then closes the socket.
 async fn write(mut sink: SplitSink<Socket, WsMessage>, mut frames: mpsc::Receiver<String>, pending: Arc<Pending>) {
+    let sent_all = tokio::select! {
+        // First: frames still queued belong to publishes already told the connection is gone.
+        biased;
+        () = pending.closed() => true,
+        sent_all = pump(&mut sink, &mut frames, &pending) => sent_all,
+    };
+    if sent_all {
+        // Bounded: the node may have stopped reading (that is why a publish timed out).
+        let _ = tokio::time::timeout(PUBLISH_WS_CLOSE_TIMEOUT, sink.send(WsMessage::Close(None))).await;
+    }
+}
+
+/// Sends frames until every sender is gone (true) or sending fails (false, the map closed).
+async fn pump(
+    sink: &mut SplitSink<Socket, WsMessage>,
+    frames: &mut mpsc::Receiver<String>,
+    pending: &Pending,
+) -> bool {
     while let Some(first) = frames.recv().await {
         let mut sent = sink.feed(WsMessage::text(first)).await;
         // Frames queued meanwhile go out with this one: one flush, fewer syscalls under load.
@@ -128,17 +159,21 @@ async fn write(mut sink: SplitSink<Socket, WsMessage>, mut frames: mpsc::Receive
         }
         if let Err(e) = sent {
             pending.close(&format!("sending failed: {e}"));
-            return;
+            return false;
         }
     }
-    let _ = sink.send(WsMessage::Close(None)).await;
+    true
 }
 
 /// Hands answers to their waiters until the connection ends, then closes the map and stops
-/// the writer.
+/// the writer; or until the map is closed, when the writer sends the close frame.
 async fn read(mut stream: SplitStream<Socket>, pending: Arc<Pending>, writer: AbortHandle) {
     let reason = loop {
-        match stream.next().await {
+        let next = tokio::select! {
+            () = pending.closed() => return,
+            next = stream.next() => next,
+        };
+        match next {
             Some(Ok(WsMessage::Text(text))) => on_text(&pending, &text),
             Some(Ok(WsMessage::Close(frame))) => {
                 break match frame {

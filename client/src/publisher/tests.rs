@@ -178,7 +178,18 @@ async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
 
 #[tokio::test]
 async fn an_unanswered_publish_times_out_and_closes_the_connection() {
-    let node = leader(|mut socket| async move { while next_json(&mut socket).await.is_some() {} }).await;
+    let (ended, ends) = tokio::sync::oneshot::channel::<()>();
+    let ended = Arc::new(std::sync::Mutex::new(Some(ended)));
+    let node = leader(move |mut socket| {
+        let ended = ended.clone();
+        async move {
+            while next_json(&mut socket).await.is_some() {}
+            if let Some(ended) = ended.lock().unwrap().take() {
+                let _ = ended.send(());
+            }
+        }
+    })
+    .await;
     let client = match Client::builder([node]).request_timeout(Duration::from_millis(200)).build() {
         Ok(c) => c,
         Err(e) => panic!("{e}"),
@@ -186,6 +197,10 @@ async fn an_unanswered_publish_times_out_and_closes_the_connection() {
     let publisher = open(&client).await;
     assert!(matches!(publisher.publish(message("a")).await, Err(Error::Timeout { attempts: 1, .. })));
     assert!(publisher.is_closed());
+    // The socket is closed now, while the publisher is still held, not when it is dropped.
+    let closed = tokio::time::timeout(Duration::from_secs(5), ends).await;
+    assert!(matches!(closed, Ok(Ok(()))), "the node still holds the connection");
+    drop(publisher);
 }
 
 #[tokio::test]
