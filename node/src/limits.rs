@@ -108,6 +108,13 @@ pub const SUBSCRIBE_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// Largest frame a subscriber may send us (acks are tiny).
 pub const SUBSCRIBER_FRAME_BYTES_MAX: usize = 64 * 1024;
 
+/// Keepalive probes on every TCP connection ([`crate::net::tune_tcp`]): the first after this
+/// much silence, then every interval; after this many unanswered the connection is closed
+/// (a vanished peer is noticed within about a minute).
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const TCP_KEEPALIVE_PROBES: u32 = 3;
+
 /// Read buffer of a Raft peer connection and of a WebSocket publisher. tungstenite zero-fills
 /// the whole read buffer before every socket read (its default is 128 KiB), which made
 /// `memset` the top entry of the profile for streams of small frames; a larger frame is still

@@ -68,12 +68,9 @@ async fn node_main(delivery: tokio::runtime::Handle) {
             std::process::exit(2);
         }
     };
-    // Nagle's algorithm would hold a small frame (a WebSocket publish ack, a message to a
-    // subscriber, an AppendEntries answer) until the peer acknowledges the previous one: up to
-    // a delayed-ACK timeout (40 ms) added to a latency that is otherwise under a millisecond.
     let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
+        if let Err(e) = pubsub_node::net::tune_tcp(tcp) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY or keepalive on an accepted connection");
         }
     });
     if let Err(e) = pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown_signal()).await {
