@@ -74,7 +74,16 @@ pub struct PendingInstall {
     pub meta: SnapshotMeta,
 }
 
-/// Replaces the state machine with the snapshot in `path`.
+/// Reads the snapshot file at `path` through: an error unless it is exactly a magic line,
+/// whole records and the end byte. A received file is checked before it is installed, so a
+/// malformed one (cut short, a hole in it, bytes after the end) is refused before anything
+/// changes, instead of failing half-way through the install and again at every restart,
+/// which redoes it from the same file.
+pub fn check(path: &Path) -> Result<(), StoreError> {
+    read_records(path, |_, _, _| Ok(()))
+}
+
+/// Replaces the state machine with the snapshot in `path` (which [`check`] accepted).
 ///
 /// # Correctness
 /// The install is marked pending (fsynced) before anything is deleted, and the marker is
@@ -103,37 +112,52 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
     }
     db.write_opt(clear, &unsynced())?;
 
-    let mut input = BufReader::with_capacity(1 << 20, File::open(path)?);
-    let mut magic = [0u8; MAGIC.len()];
-    input.read_exact(&mut magic)?;
-    if magic != MAGIC {
-        return Err(StoreError::Corrupt(format!("{} is not a snapshot file", path.display())));
-    }
     let mut batch = WriteBatch::default();
-    loop {
-        let mut tag = [0u8; 1];
-        input.read_exact(&mut tag)?;
-        if tag[0] == END {
-            break;
-        }
-        let name = SM_CFS
-            .get(tag[0] as usize)
-            .ok_or_else(|| StoreError::Corrupt(format!("snapshot record for column family {}", tag[0])))?;
-        let key = read_field(&mut input)?;
-        let value = read_field(&mut input)?;
-        if tag[0] == 0 && (key == SNAPSHOT_META || key == INSTALL_PENDING) {
-            continue;
+    read_records(path, |name, key, value| {
+        if name == SM_CFS[0] && (key == SNAPSHOT_META || key == INSTALL_PENDING) {
+            return Ok(());
         }
         batch.put_cf(cf(db, name)?, key, value);
         if batch.len() >= SNAPSHOT_INSTALL_BATCH_RECORDS {
             db.write_opt(std::mem::take(&mut batch), &unsynced())?;
         }
-    }
+        Ok(())
+    })?;
     batch.put_cf(meta_cf, LAST_APPLIED, encode(&meta.last_log_id)?);
     batch.put_cf(meta_cf, MEMBERSHIP, encode(&meta.last_membership)?);
     batch.put_cf(meta_cf, SNAPSHOT_META, encode(meta)?);
     batch.delete_cf(meta_cf, INSTALL_PENDING);
     db.write_opt(batch, &synced())?;
+    Ok(())
+}
+
+/// Reads the snapshot file at `path`, handing each record (column family, key, value) to
+/// `each`; an error when the file is not exactly a magic line, whole records and the end byte.
+fn read_records(
+    path: &Path,
+    mut each: impl FnMut(&str, Vec<u8>, Vec<u8>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("snapshot file {}: {what}", path.display()));
+    let mut input = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let mut magic = [0u8; MAGIC.len()];
+    input.read_exact(&mut magic).map_err(|_| corrupt("shorter than its magic line".into()))?;
+    if magic != MAGIC {
+        return Err(corrupt("not a snapshot file".into()));
+    }
+    loop {
+        let mut tag = [0u8; 1];
+        input.read_exact(&mut tag).map_err(|_| corrupt("cut short before its end byte".into()))?;
+        if tag[0] == END {
+            break;
+        }
+        let name = SM_CFS.get(tag[0] as usize).ok_or_else(|| corrupt(format!("a record for column family {}", tag[0])))?;
+        let key = read_field(&mut input).map_err(|e| corrupt(format!("a record's key: {e}")))?;
+        let value = read_field(&mut input).map_err(|e| corrupt(format!("a record's value: {e}")))?;
+        each(name, key, value)?;
+    }
+    if input.read(&mut [0u8; 1])? != 0 {
+        return Err(corrupt("bytes after its end byte".into()));
+    }
     Ok(())
 }
 

@@ -74,6 +74,7 @@ impl StateMachine {
         let snapshots = SnapshotFiles { dir: snapshot_dir, db: db.clone(), lock: Arc::new(Mutex::new(())), mode };
         snapshots.redo_pending_install()?;
         snapshots.remove_partial_files()?;
+        snapshots.remove_files_not_current()?;
         let mut sm = Self {
             db,
             topics: Arc::new(RwLock::new(Topics::default())),
@@ -311,6 +312,14 @@ impl SnapshotFiles {
         Ok(())
     }
 
+    /// Snapshot files other than the current one, which a crash or a lost race left (their
+    /// removal follows the new one's record, and is not fsynced).
+    fn remove_files_not_current(&self) -> Result<(), StoreError> {
+        let current = self.current_meta()?.map(|meta| meta.snapshot_id);
+        // No snapshot id has this name: with none current, every file goes.
+        self.remove_other_files(current.as_deref().unwrap_or("/"))
+    }
+
     /// Partial files are what a crash left of a snapshot being built or received.
     fn remove_partial_files(&self) -> Result<(), StoreError> {
         for item in std::fs::read_dir(&self.dir)? {
@@ -360,10 +369,6 @@ fn unique_suffix() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
-async fn open_snapshot(files: &SnapshotFiles, meta: SnapshotMeta) -> Result<Snapshot, StoreError> {
-    let file = std::fs::File::open(files.path(&meta.snapshot_id))?;
-    Ok(Snapshot { meta, snapshot: Box::new(SnapshotFile(file)) })
-}
 
 /// Builds snapshots from a RocksDB point-in-time view, concurrently with `apply`.
 pub struct SnapshotBuilder {
@@ -412,6 +417,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .create_new(true)
             .open(&path)
             .map_err(|e| sm_write_err(StoreError::Io(e)))?;
+        // Nameless from now on: the handle is all a transfer needs, and its space goes back
+        // when the transfer is installed or abandoned (a new snapshot id, the sender gave up),
+        // not when the node next starts.
+        std::fs::remove_file(&path).map_err(|e| sm_write_err(StoreError::Io(e)))?;
         Ok(Box::new(SnapshotFile(file)))
     }
 
@@ -430,6 +439,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             target.sync_all()
         };
         copy().map_err(|e| sm_write_err(StoreError::Io(e)))?;
+        if let Err(e) = snapshot::check(&part) {
+            let _ = std::fs::remove_file(&part);
+            return Err(sm_write_err(e));
+        }
 
         let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
@@ -461,15 +474,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
+    /// # Correctness
+    /// Under the lock a build's `set_current` and an install take: either records a newer
+    /// snapshot and removes the current one's file, and between reading the meta and opening
+    /// the file that would make the open fail (openraft stops the node when a snapshot it is
+    /// about to send is missing).
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let Some(meta) = self.snapshots.current_meta().map_err(read_err)? else {
+        let files = &self.snapshots;
+        let _guard = files.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(meta) = files.current_meta().map_err(read_err)? else {
             return Ok(None);
         };
-        match open_snapshot(&self.snapshots, meta).await {
-            Ok(s) => Ok(Some(s)),
-            Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(read_err(e)),
-        }
+        let file = std::fs::File::open(files.path(&meta.snapshot_id)).map_err(|e| read_err(StoreError::Io(e)))?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(SnapshotFile(file)) }))
     }
 }
 

@@ -169,6 +169,48 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
     assert_eq!(dump(&reopened.reader), dump(&leader.reader));
 }
 
+/// A received snapshot with a hole in it (a stretch of zeros, as chunks written at the wrong
+/// offset leave) or cut short is refused before the install touches anything: the follower
+/// keeps its state and restarts cleanly, instead of failing the install again at every start.
+/// The received data has no name on disk, so nothing is left behind either.
+#[tokio::test]
+async fn a_malformed_received_snapshot_is_refused_and_changes_nothing() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut leader = raft_store::open(leader_dir.path()).unwrap();
+    let mut entries = vec![entry(1, create("a"))];
+    for i in 0..300 {
+        entries.push(entry(2 + i, publish("a", &format!("m{i}"))));
+    }
+    leader.state_machine.apply(entries).await.unwrap();
+    let mut snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut bytes = Vec::new();
+    snapshot.snapshot.0.seek(SeekFrom::Start(0)).unwrap();
+    snapshot.snapshot.0.read_to_end(&mut bytes).unwrap();
+
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    follower.state_machine.apply([entry(1, create("mine"))]).await.unwrap();
+    let before = dump(&follower.reader);
+    let mut holed = bytes.clone();
+    holed[bytes.len() / 3..bytes.len() / 2].fill(0);
+    for bad in [holed, bytes[..bytes.len() - 10].to_vec(), [bytes.as_slice(), b"x"].concat()] {
+        let mut received = follower.state_machine.begin_receiving_snapshot().await.unwrap();
+        received.0.write_all(&bad).unwrap();
+        let names: Vec<_> = std::fs::read_dir(follower.state_machine.snapshot_dir()).unwrap().collect();
+        assert!(names.is_empty(), "received data has no name: {names:?}");
+        let refused = follower.state_machine.install_snapshot(&snapshot.meta, received).await;
+        assert!(refused.is_err(), "a malformed snapshot was installed");
+        assert_eq!(dump(&follower.reader), before);
+        let left: Vec<_> = std::fs::read_dir(follower.state_machine.snapshot_dir()).unwrap().collect();
+        assert!(left.is_empty(), "a refused snapshot leaves no file: {left:?}");
+    }
+    let closed = follower.closed;
+    drop((follower.log_store, follower.state_machine, follower.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
+    let reopened = raft_store::open(follower_dir.path()).unwrap();
+    assert_eq!(dump(&reopened.reader), before, "no install is redone at start");
+}
+
 /// Entries the crash child builds a snapshot after.
 const CRASH_CHILD_SNAPSHOT_AT: u64 = 150;
 

@@ -333,6 +333,13 @@ where C::SnapshotData: tokio::io::AsyncRead + tokio::io::AsyncWrite + tokio::io:
 
         {
             let s = streaming.as_mut().unwrap();
+            // PATCHED (pubsub-raft): a chunk past the end of what was received would leave a
+            // hole of zeros in the file (a late chunk 0 of another snapshot restarted the
+            // stream while this one's later chunks were on their way), and the hole would be
+            // installed as data: ask the sender to start over from the first byte not yet here.
+            if let Some(mismatch) = s.gap_before(req.offset) {
+                return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(mismatch)));
+            }
             s.receive(req).await?;
         }
 
@@ -384,6 +391,21 @@ where C: RaftTypeConfig
         &self.snapshot_id
     }
 
+    /// PATCHED (pubsub-raft): the mismatch to answer a chunk at `offset` with when it starts past
+    /// the end of what was received: writing it would leave a hole in the data.
+    pub(crate) fn gap_before(&self, offset: u64) -> Option<crate::error::SnapshotMismatch> {
+        (offset > self.offset).then(|| crate::error::SnapshotMismatch {
+            expect: crate::SnapshotSegmentId {
+                id: self.snapshot_id.clone(),
+                offset: self.offset,
+            },
+            got: crate::SnapshotSegmentId {
+                id: self.snapshot_id.clone(),
+                offset,
+            },
+        })
+    }
+
     /// Consumes the `Streaming` and returns the snapshot data.
     pub fn into_snapshot_data(self) -> Box<C::SnapshotData> {
         self.snapshot_data
@@ -422,6 +444,27 @@ where
         }
         self.offset += req.data.len() as u64;
         Ok(req.done)
+    }
+}
+
+/// PATCHED (pubsub-raft): tests of `Streaming::gap_before`.
+#[cfg(test)]
+mod gap_tests {
+    use std::io::Cursor;
+
+    use super::Streaming;
+    use crate::engine::testing::UTConfig;
+
+    #[test]
+    fn a_chunk_past_the_received_end_is_a_mismatch_and_others_are_not() {
+        let mut streaming = Streaming::<UTConfig>::new("s1".to_string(), Box::new(Cursor::new(Vec::new())));
+        streaming.offset = 100;
+        assert!(streaming.gap_before(0).is_none(), "a resend from the start");
+        assert!(streaming.gap_before(40).is_none(), "a resend of an earlier chunk");
+        assert!(streaming.gap_before(100).is_none(), "the next chunk");
+        let mismatch = streaming.gap_before(150).expect("a hole of 50 bytes");
+        assert_eq!((mismatch.expect.offset, mismatch.got.offset), (100, 150));
+        assert_eq!(mismatch.expect.id, "s1");
     }
 }
 
