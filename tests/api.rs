@@ -252,12 +252,19 @@ async fn publish_follows_the_contract() {
     let sequences: Vec<&Value> = r.body["results"].as_array().unwrap().iter().map(|r| &r["sequence"]).collect();
     assert_eq!(sequences, [&json!(8), &json!(9)]);
 
-    // Nested 128 deep is accepted, 129 is refused (many readers could not parse it back).
+    // Nested 100 deep is accepted, 101 is refused (many readers could not parse it back), and
+    // so is a number past a 64-bit float; what is accepted reads back through a page.
     let nested = |depth: usize| format!(r#"{{"payload": {}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
-    let r = post_raw(&url, nested(128)).await.unwrap();
+    let r = post_raw(&url, nested(100)).await.unwrap();
     assert_eq!(r.status, 201, "{r:?}");
-    let r = post_raw(&url, nested(129)).await.unwrap();
+    let deepest = r.body["sequence"].as_u64().unwrap();
+    let r = post_raw(&url, nested(101)).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    let r = post_raw(&url, r#"{"payload": {"n": [1, 1e400]}}"#.to_string()).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    let page = get(&format!("{url}?after={}", deepest - 1)).await.unwrap();
+    assert_eq!(page.status, 200, "{page:?}");
+    assert_eq!(page.body["messages"][0]["sequence"], json!(deepest), "{page:?}");
 }
 
 #[tokio::test]

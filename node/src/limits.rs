@@ -9,9 +9,10 @@ pub use raft_store::limits::{BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX
 /// whitespace. A larger body cannot hold a payload we would accept.
 pub const PUBLISH_BODY_BYTES_MAX: usize = PAYLOAD_BYTES_MAX + 64 * 1024;
 
-/// Deepest nesting of arrays and objects in a payload: serde_json's own recursion limit, so
-/// that what is stored can be read back by it and by readers with similar bounds.
-pub const PAYLOAD_DEPTH_MAX: usize = 128;
+/// Deepest nesting of arrays and objects in a payload: under serde_json's recursion limit
+/// (128, the envelope of a frame or a page included), so that what is stored can be read back
+/// by it and by readers with similar bounds.
+pub const PAYLOAD_DEPTH_MAX: usize = 100;
 
 /// Publishes in flight on one publishing WebSocket; past it the server stops reading
 /// frames until answers go out.

@@ -90,11 +90,7 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
 /// compactly (no whitespace byte at all) are taken as they are, without a copy.
 fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
     let text: Box<str> = raw.into();
-    if nesting_depth(&text) > PAYLOAD_DEPTH_MAX {
-        // Stored as valid JSON, it could still not be read back by readers that bound their
-        // recursion (serde_json, this project's client, many others).
-        return Err(ApiError::InvalidRequest(format!("payload nests deeper than {PAYLOAD_DEPTH_MAX} levels")));
-    }
+    readable(&text).map_err(ApiError::InvalidRequest)?;
     let compact = if text.bytes().any(|b| b.is_ascii_whitespace()) {
         Bytes::from(minify(&text))
     } else {
@@ -130,19 +126,53 @@ fn for_each_byte(text: &str, mut each: impl FnMut(u8, bool)) {
     }
 }
 
-/// How deep arrays and objects nest in already-validated JSON.
-fn nesting_depth(text: &str) -> usize {
+/// Refuses already-validated JSON that common readers could not read back once stored:
+/// arrays and objects nested deeper than [`PAYLOAD_DEPTH_MAX`], or a number beyond what an
+/// f64 holds (`1e400` is valid JSON, but serde_json, this project's client among its users,
+/// refuses it, and JavaScript reads it as `Infinity`). One walk over the bytes.
+fn readable(text: &str) -> Result<(), String> {
     let (mut depth, mut deepest) = (0usize, 0usize);
-    for_each_byte(text, |b, in_string| match b {
-        _ if in_string => {}
-        b'[' | b'{' => {
-            depth += 1;
-            deepest = deepest.max(depth);
+    let (mut at, mut number_start, mut too_large) = (0usize, None::<usize>, None::<usize>);
+    let mut end_number = |start: usize, end: usize| {
+        let number = &text[start..end];
+        // Only an exponent or some 300 digits reach past f64's range.
+        let may_overflow = number.len() > 300 || number.bytes().any(|b| b == b'e' || b == b'E');
+        if may_overflow && !number.parse::<f64>().is_ok_and(f64::is_finite) && too_large.is_none() {
+            too_large = Some(start);
         }
-        b']' | b'}' => depth = depth.saturating_sub(1),
-        _ => {}
+    };
+    for_each_byte(text, |b, in_string| {
+        let in_number = !in_string && matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E');
+        match number_start {
+            Some(start) if !in_number => {
+                end_number(start, at);
+                number_start = None;
+            }
+            None if in_number && (b == b'-' || b.is_ascii_digit()) => number_start = Some(at),
+            _ => {}
+        }
+        match b {
+            _ if in_string => {}
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        at += 1;
     });
-    deepest
+    if let Some(start) = number_start {
+        end_number(start, text.len());
+    }
+    if deepest > PAYLOAD_DEPTH_MAX {
+        return Err(format!("payload nests deeper than {PAYLOAD_DEPTH_MAX} levels"));
+    }
+    if let Some(start) = too_large {
+        let number: String = text[start..].chars().take_while(|c| !matches!(c, ',' | ']' | '}')).take(40).collect();
+        return Err(format!("payload number {} is beyond the range of a 64-bit float", number.trim()));
+    }
+    Ok(())
 }
 
 /// Drops the whitespace between JSON tokens of already-validated JSON, keeping everything
@@ -374,14 +404,38 @@ enum BatchItemOut<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{minify, nesting_depth};
+    use super::{minify, readable};
+    use crate::limits::PAYLOAD_DEPTH_MAX;
 
     #[test]
-    fn nesting_depth_ignores_brackets_in_strings() {
-        assert_eq!(nesting_depth("1"), 0);
-        assert_eq!(nesting_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
-        assert_eq!(nesting_depth(r#"["[[[{", "\"]]]"]"#), 1);
-        assert_eq!(nesting_depth(&format!("{}{}", "[".repeat(200), "]".repeat(200))), 200);
+    fn readable_counts_depth_outside_strings_only() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(readable(&nested(PAYLOAD_DEPTH_MAX)).is_ok());
+        assert!(readable(&nested(PAYLOAD_DEPTH_MAX + 1)).is_err());
+        let in_string = format!("[\"{}\", \"\\\"{}\"]", "[".repeat(300), "{".repeat(300));
+        assert!(readable(&in_string).is_ok(), "{in_string}");
+    }
+
+    #[test]
+    fn readable_refuses_numbers_past_f64_only() {
+        for fine in ["1", "-0.5e10", "1e308", "1e-400", "{\"true\":false,\"e\":[1E3,2]}", "\"1e400\""] {
+            assert!(readable(fine).is_ok(), "{fine}");
+        }
+        for too_large in ["1e400", "[1,-2E999]", "{\"a\":{\"b\":1e309}}"] {
+            let refused = readable(too_large).unwrap_err();
+            assert!(refused.contains("beyond the range"), "{too_large}: {refused}");
+        }
+        assert!(readable(&"9".repeat(400)).is_err());
+        assert!(readable(&"9".repeat(300)).is_ok());
+    }
+
+    #[test]
+    fn whatever_readable_accepts_the_client_reads_back_inside_a_page() {
+        // The deepest envelope around a payload: a read page's `messages[i].payload`.
+        let payload = format!("{}1e308{}", "[".repeat(PAYLOAD_DEPTH_MAX), "]".repeat(PAYLOAD_DEPTH_MAX));
+        assert!(readable(&payload).is_ok());
+        let page = format!(r#"{{"messages":[{{"sequence":1,"payload":{payload}}}]}}"#);
+        assert!(serde_json::from_str::<serde_json::Value>(&page).is_ok());
     }
 
     #[test]
