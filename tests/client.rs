@@ -239,7 +239,7 @@ async fn a_subscription_survives_a_leader_kill_and_a_restart_of_its_node_without
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
-    let c = Cluster::start(Options::default()).await;
+    let mut c = Cluster::start(Options::default()).await;
     let client = patient_client(c.urls());
     client.create_topic("t", None).await.expect("create");
     for n in 1..=10 {
@@ -282,6 +282,29 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     client.publish("t", json!(11)).await.expect("publish");
     let rest: Vec<u64> = collect_until(&mut resumed, 11).await.into_iter().map(|(s, _)| s).collect();
     assert_eq!(rest, vec![7, 8, 9, 10, 11]);
+    drop(resumed);
+
+    // An ack a node received just before it was stopped (SIGTERM) is recorded all the same,
+    // not dropped with the coalescer's last 100 ms.
+    let leader = c.wait_leader(CONVERGE).await;
+    let follower = (leader + 1) % 3;
+    let on_follower = patient_client(vec![c.url(follower)]);
+    let mut sub =
+        on_follower.subscribe("t", SubscribeOptions::new("late").cursor(Cursor::After(0))).await.expect("subscribe");
+    collect_until(&mut sub, 11).await;
+    sub.ack(9);
+    sub.close().await;
+    c.terminate(follower);
+    let url = format!("{}/topics/t/subscribers", c.url(leader));
+    wait_until("the last ack of a stopped node is recorded", CONVERGE, || async {
+        let (_, body) = get_json(&url).await.ok()?;
+        body["subscribers"]
+            .as_array()?
+            .iter()
+            .any(|s| s["subscriber_id"] == "late" && s["acked_sequence"] == 9)
+            .then_some(())
+    })
+    .await;
 }
 
 /// One run of the `pubsub` CLI: (exit code, stdout, stderr).

@@ -133,6 +133,12 @@ where
         }
     };
     serve::serve(listener, api::router(app.clone()), signal).await;
+    // Subscriptions are closed: record the acks they sent since the last flush (up to
+    // ACK_FLUSH_INTERVAL of them) while Raft still runs, or a restarted subscriber with
+    // `cursor=acked` would get them again.
+    if tokio::time::timeout(limits::SHUTDOWN_ACK_FLUSH_TIMEOUT, subscribe::acks::flush(&app)).await.is_err() {
+        tracing::warn!("the last acks were not recorded within {:?}", limits::SHUTDOWN_ACK_FLUSH_TIMEOUT);
+    }
 
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not stop cleanly");

@@ -100,6 +100,8 @@ pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
 pub const FRAME_CACHE_FRAMES_PER_TOPIC: usize = 4096;
 pub const FRAME_CACHE_BYTES_PER_TOPIC: usize = 8 * 1024 * 1024;
 pub const FRAME_CACHE_TOPICS_MAX: usize = 1024;
+/// Bytes of cached frames over all topics: a few topics' rings at their fullest.
+pub const FRAME_CACHE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// How often a subscription pings an idle client, and how long it waits for any frame
 /// (pong, ack) before it drops the connection as dead.
@@ -146,6 +148,8 @@ pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 
 /// How often coalesced acks are written through Raft.
 pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a stopping node tries to record the acks of its last flush interval.
+pub const SHUTDOWN_ACK_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// (topic, subscriber) acks held between flushes; new pairs past this wait for the next flush.
 pub const ACKS_PENDING_MAX: usize = raft_store::limits::ACKS_PER_COMMAND_MAX;

@@ -42,7 +42,8 @@ impl AckCoalescer {
     }
 }
 
-/// The flush loop; stops when the app is dropped or shut down.
+/// The flush loop; stops when the app is dropped or shut down (the node then flushes once
+/// more itself, [`flush`]).
 pub async fn run_flusher(app: Weak<App>) {
     let mut interval = tokio::time::interval(ACK_FLUSH_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -52,22 +53,28 @@ pub async fn run_flusher(app: Weak<App>) {
         if app.shutdown.is_cancelled() {
             return;
         }
-        let acks = app.acks.take();
-        if acks.is_empty() {
-            continue;
-        }
-        let records = acks
-            .iter()
-            .map(|((topic, subscriber_id), &sequence)| AckRecord {
-                topic: topic.clone(),
-                subscriber_id: subscriber_id.clone(),
-                sequence,
-            })
-            .collect();
-        if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
-            tracing::debug!(error = %e, count = acks.len(), "acks not recorded yet; retrying");
-            app.acks.restore(acks);
-        }
+        flush(&app).await;
+    }
+}
+
+/// Writes the acks recorded since the last flush through Raft; puts them back when they could
+/// not be committed.
+pub async fn flush(app: &App) {
+    let acks = app.acks.take();
+    if acks.is_empty() {
+        return;
+    }
+    let records = acks
+        .iter()
+        .map(|((topic, subscriber_id), &sequence)| AckRecord {
+            topic: topic.clone(),
+            subscriber_id: subscriber_id.clone(),
+            sequence,
+        })
+        .collect();
+    if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
+        tracing::debug!(error = %e, count = acks.len(), "acks not recorded yet; retrying");
+        app.acks.restore(acks);
     }
 }
 

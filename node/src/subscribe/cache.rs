@@ -4,14 +4,18 @@
 //! frame goes into its topic's ring, and every other subscription of that topic sends the very
 //! same bytes (a reference-counted clone). A message's frame never changes once committed
 //! (sequence → message is fixed by Raft, and trimming only removes), so a cached frame is
-//! always valid. Rings are bounded by count and bytes; older frames come from storage.
+//! always valid. Rings are bounded by count and bytes, and all of them together by
+//! [`FRAME_CACHE_BYTES_MAX`] (1,024 topics of 8 MiB each would otherwise hold 8 GiB); older frames
+//! come from storage.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use axum::extract::ws::Utf8Bytes;
 
-use crate::limits::{FRAME_CACHE_BYTES_PER_TOPIC, FRAME_CACHE_FRAMES_PER_TOPIC, FRAME_CACHE_TOPICS_MAX};
+use crate::limits::{
+    FRAME_CACHE_BYTES_MAX, FRAME_CACHE_BYTES_PER_TOPIC, FRAME_CACHE_FRAMES_PER_TOPIC, FRAME_CACHE_TOPICS_MAX,
+};
 
 /// Contiguous frames of one topic: `frames[i]` is sequence `first + i`.
 #[derive(Default)]
@@ -29,14 +33,21 @@ impl Ring {
 
 #[derive(Default)]
 pub struct FrameCache {
-    topics: Mutex<HashMap<u64, Ring>>,
+    rings: Mutex<Rings>,
+}
+
+#[derive(Default)]
+struct Rings {
+    by_topic: HashMap<u64, Ring>,
+    /// Bytes of every ring's frames.
+    bytes: usize,
 }
 
 impl FrameCache {
     /// Cached frames for sequences `after + 1 ..`, at most `max`, in order.
     pub fn get(&self, topic_id: u64, after: u64, max: usize) -> Vec<(u64, Utf8Bytes)> {
-        let topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(ring) = topics.get(&topic_id) else {
+        let rings = self.lock();
+        let Some(ring) = rings.by_topic.get(&topic_id) else {
             return Vec::new();
         };
         let next = after + 1;
@@ -52,16 +63,15 @@ impl FrameCache {
         let Some((first_seq, _)) = frames.first() else {
             return;
         };
-        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        if !topics.contains_key(&topic_id) && topics.len() >= FRAME_CACHE_TOPICS_MAX {
-            // Full: drop some other topic's ring; its subscribers read from storage again.
-            if let Some(victim) = topics.keys().next().copied() {
-                topics.remove(&victim);
-            }
+        let mut rings = self.lock();
+        let Rings { by_topic, bytes: total } = &mut *rings;
+        if !by_topic.contains_key(&topic_id) && by_topic.len() >= FRAME_CACHE_TOPICS_MAX {
+            evict_another(by_topic, total, topic_id);
         }
-        let ring = topics.entry(topic_id).or_default();
+        let ring = by_topic.entry(topic_id).or_default();
         if ring.frames.is_empty() || *first_seq > ring.end() || *first_seq < ring.first {
             // Not contiguous with what is cached: start the ring over at these frames.
+            *total -= ring.bytes;
             *ring = Ring { first: *first_seq, frames: VecDeque::new(), bytes: 0 };
         }
         for (seq, frame) in frames {
@@ -70,18 +80,45 @@ impl FrameCache {
             }
             debug_assert_eq!(*seq, ring.end());
             ring.bytes += frame.len();
+            *total += frame.len();
             ring.frames.push_back(frame.clone());
         }
         while ring.frames.len() > FRAME_CACHE_FRAMES_PER_TOPIC || ring.bytes > FRAME_CACHE_BYTES_PER_TOPIC {
             match ring.frames.pop_front() {
                 Some(old) => {
                     ring.bytes -= old.len();
+                    *total -= old.len();
                     ring.first += 1;
                 }
                 None => break,
             }
         }
+        // Over the budget of all topics: drop other topics' rings (their subscribers read
+        // from storage again), this one's last.
+        while *total > FRAME_CACHE_BYTES_MAX && evict_another(by_topic, total, topic_id) {}
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rings> {
+        // Every operation leaves the rings whole; a panic elsewhere cannot corrupt them.
+        self.rings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes cached over all topics.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+}
+
+/// Drops the ring of some topic other than `keep`; false when there is none.
+fn evict_another(by_topic: &mut HashMap<u64, Ring>, total: &mut usize, keep: u64) -> bool {
+    let Some(victim) = by_topic.keys().copied().find(|&t| t != keep) else {
+        return false;
+    };
+    if let Some(ring) = by_topic.remove(&victim) {
+        *total -= ring.bytes;
+    }
+    true
 }
 
 #[cfg(test)]
@@ -117,5 +154,22 @@ mod tests {
         c.put(1, &frames(13..=many + 12));
         assert!(c.get(1, 12, 1).is_empty(), "oldest frames were evicted");
         assert_eq!(c.get(1, many + 11, 10).len(), 1);
+    }
+
+    #[test]
+    fn all_topics_together_stay_within_the_byte_budget() {
+        let c = FrameCache::default();
+        let frame = Utf8Bytes::from("x".repeat(64 * 1024));
+        let per_topic = FRAME_CACHE_BYTES_PER_TOPIC / frame.len();
+        let topics = (FRAME_CACHE_BYTES_MAX / FRAME_CACHE_BYTES_PER_TOPIC) as u64 * 2;
+        for topic in 1..=topics {
+            let ring: Vec<_> = (1..=per_topic as u64).map(|s| (s, frame.clone())).collect();
+            c.put(topic, &ring);
+            assert!(c.bytes() <= FRAME_CACHE_BYTES_MAX, "{} bytes cached", c.bytes());
+            assert_eq!(c.get(topic, 0, usize::MAX).len(), per_topic, "the topic just put is kept whole");
+        }
+        // Accounting matches the rings left.
+        let rings = c.lock();
+        assert_eq!(rings.bytes, rings.by_topic.values().map(|r| r.bytes).sum::<usize>());
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::SplitSink;
-use futures_util::{SinkExt, Stream, StreamExt};
+use futures_util::{FutureExt, SinkExt, Stream, StreamExt};
 use openraft::metrics::RaftServerMetrics;
 use raft_store::{Node, NodeId};
 use serde::Deserialize;
@@ -129,18 +129,31 @@ async fn listen(
     client_gone.notify_one();
 }
 
-/// Sends `text` frames, giving up on a client that does not read for the idle timeout.
+/// Sends `text` frames, giving up on a client that reads nothing for the idle timeout. The
+/// deadline is per frame (a frame waits only while the socket's buffer is full), so a slow
+/// reader that keeps reading is served, however long a page takes it.
 async fn send_all<T: Into<Utf8Bytes>>(sink: &mut Sink, texts: impl IntoIterator<Item = T>) -> Result<(), End> {
-    let send = async {
-        for text in texts {
-            sink.feed(Message::Text(text.into())).await?;
-        }
-        sink.flush().await
-    };
-    match tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, send).await {
+    let within = |sent: Result<Result<(), axum::Error>, tokio::time::error::Elapsed>| match sent {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(End::Gone),
         Err(_) => Err(End::Close(1008, "subscriber stopped reading")),
+    };
+    for text in texts {
+        within(tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.feed(Message::Text(text.into()))).await)?;
+    }
+    within(tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.flush()).await)
+}
+
+/// The liveness check, each [`SUBSCRIBE_PING_INTERVAL`]: ends the session when nothing came
+/// from the client (pongs included) for [`SUBSCRIBE_IDLE_TIMEOUT`], else pings it.
+async fn keep_alive(sink: &mut Sink, heard: &std::sync::Mutex<Instant>) -> Result<(), End> {
+    let quiet = heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+    if quiet > SUBSCRIBE_IDLE_TIMEOUT {
+        return Err(End::Close(1001, "no pong from subscriber"));
+    }
+    match tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.send(Message::Ping(Default::default()))).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(End::Gone),
     }
 }
 
@@ -168,6 +181,7 @@ async fn serve_inner(
     let server = app.raft.server_metrics();
     let mut last_leader = server.borrow().current_leader;
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.reset();
     let mut cursor = s.cursor;
     // Created once, not on every turn of the loop: each turn woken by a message would
@@ -192,6 +206,12 @@ async fn serve_inner(
         }
         if cursor < last {
             if deliver_page(app, sink, s, &mut cursor, last).await? {
+                // A long replay or a busy topic never waits in the select below: keep pinging
+                // on this path too, or a client that only answers pings (a browser) is never
+                // pinged, and cut off as silent once the delivery lets up.
+                if ping.tick().now_or_never().is_some() {
+                    keep_alive(sink, heard).await?;
+                }
                 continue;
             }
             // Storage holds nothing after the cursor yet the signal says there is more: a
@@ -212,15 +232,7 @@ async fn serve_inner(
                     send_all(sink, [frames::leader_change(&addr_of(app, id), id)]).await?;
                 }
             }
-            _ = ping.tick() => {
-                let quiet = heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
-                if quiet > SUBSCRIBE_IDLE_TIMEOUT {
-                    return Ok(End::Close(1001, "no pong from subscriber"));
-                }
-                if tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.send(Message::Ping(Default::default()))).await.is_err() {
-                    return Ok(End::Gone);
-                }
-            }
+            _ = ping.tick() => keep_alive(sink, heard).await?,
             () = &mut client_gone => return Ok(End::Gone),
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
