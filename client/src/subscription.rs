@@ -629,14 +629,26 @@ impl Worker {
         }
     }
 
-    /// Ends the connection with the latest ack not sent yet, then a close frame, so that
-    /// [`Subscription::close`] never loses an ack.
+    /// Ends the connection with the latest ack not sent yet, then a close frame, and waits
+    /// for the node to end it too: it reads frames in order, so by then it has read the ack,
+    /// and [`Subscription::close`] never loses one (a node stopped right after would otherwise
+    /// drop it unread).
     async fn close_politely(&self, socket: &mut Socket, acked_sent: u64) {
         let latest = *self.acks.borrow();
         if latest > acked_sent {
             let _ = socket.send(WsMessage::text(ack_frame(latest))).await;
         }
-        let _ = socket.send(WsMessage::Close(None)).await;
+        if socket.send(WsMessage::Close(None)).await.is_err() {
+            return;
+        }
+        let node_done = async {
+            while let Some(Ok(message)) = socket.next().await {
+                if matches!(message, WsMessage::Close(_)) {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, node_done).await;
     }
 
     /// Handles one text frame.

@@ -15,6 +15,10 @@ use crate::limits::{ACKS_PENDING_MAX, ACK_FLUSH_INTERVAL};
 #[derive(Default)]
 pub struct AckCoalescer {
     pending: Mutex<HashMap<(String, String), u64>>,
+    /// Held by a flush from its `take` until its acks are committed or put back: the last
+    /// flush of a stopping node waits for one in progress instead of finding nothing pending
+    /// while that one's acks are in flight, to be put back after Raft has stopped.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl AckCoalescer {
@@ -60,6 +64,7 @@ pub async fn run_flusher(app: Weak<App>) {
 /// Writes the acks recorded since the last flush through Raft; puts them back when they could
 /// not be committed.
 pub async fn flush(app: &App) {
+    let _flushing = app.acks.flushing.lock().await;
     let acks = app.acks.take();
     if acks.is_empty() {
         return;
