@@ -431,24 +431,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut source = snapshot.0;
         let part = self.snapshots.dir.join(format!("install-{}.part", unique_suffix()));
         let path = self.snapshots.path(&meta.snapshot_id);
-        let mut copy = || -> Result<(), std::io::Error> {
-            use std::io::Seek;
-            source.seek(std::io::SeekFrom::Start(0))?;
-            let mut target = std::fs::File::create(&part)?;
-            std::io::copy(&mut source, &mut target)?;
-            target.sync_all()
-        };
-        copy().map_err(|e| sm_write_err(StoreError::Io(e)))?;
-        if let Err(e) = snapshot::check(&part) {
-            let _ = std::fs::remove_file(&part);
-            return Err(sm_write_err(e));
-        }
-
         let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
         let files = self.snapshots.clone();
+        // All of it off the runtime's threads: copying and checking a snapshot of gigabytes
+        // takes seconds.
         files
             .blocking(move || {
+                let copied = (|| -> Result<(), std::io::Error> {
+                    use std::io::Seek;
+                    source.seek(std::io::SeekFrom::Start(0))?;
+                    let mut target = std::fs::File::create(&part)?;
+                    std::io::copy(&mut source, &mut target)?;
+                    target.sync_all()
+                })();
+                if let Err(e) = copied.map_err(StoreError::Io).and_then(|()| snapshot::check(&part)) {
+                    let _ = std::fs::remove_file(&part);
+                    return Err(e);
+                }
                 // From the file's name to its install and the removal of older files, one
                 // critical section: a snapshot build finishing meanwhile (`set_current`) would
                 // otherwise see the received file as older than itself and remove it.
