@@ -562,7 +562,8 @@ fn connections_that_send_no_request_in_time_are_closed() {
         let sent = tokio::time::Instant::now();
         let closed_within = |at: tokio::time::Instant| {
             let after = at.duration_since(sent);
-            after >= HEADER_READ_TIMEOUT - Duration::from_secs(1) && after <= HEADER_READ_TIMEOUT + Duration::from_secs(2)
+            after >= HEADER_READ_TIMEOUT - Duration::from_secs(1)
+                && after <= HEADER_READ_TIMEOUT + Duration::from_secs(2)
         };
 
         let mut answer = Vec::new();

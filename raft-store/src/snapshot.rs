@@ -150,7 +150,8 @@ fn read_records(
         if tag[0] == END {
             break;
         }
-        let name = SM_CFS.get(tag[0] as usize).ok_or_else(|| corrupt(format!("a record for column family {}", tag[0])))?;
+        let name =
+            SM_CFS.get(tag[0] as usize).ok_or_else(|| corrupt(format!("a record for column family {}", tag[0])))?;
         let key = read_field(&mut input).map_err(|e| corrupt(format!("a record's key: {e}")))?;
         let value = read_field(&mut input).map_err(|e| corrupt(format!("a record's value: {e}")))?;
         each(name, key, value)?;

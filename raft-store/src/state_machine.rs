@@ -369,7 +369,6 @@ fn unique_suffix() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
-
 /// Builds snapshots from a RocksDB point-in-time view, concurrently with `apply`.
 pub struct SnapshotBuilder {
     files: SnapshotFiles,

@@ -17,8 +17,8 @@ use tokio::task::AbortHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use super::wire::{self, Answer};
-use crate::limits::PUBLISH_WS_CLOSE_TIMEOUT;
 use super::Socket;
+use crate::limits::PUBLISH_WS_CLOSE_TIMEOUT;
 
 /// Why a waiter got no answer: the connection is gone, for this reason.
 pub(super) type Lost = Arc<str>;
@@ -140,11 +140,7 @@ async fn write(mut sink: SplitSink<Socket, WsMessage>, mut frames: mpsc::Receive
 }
 
 /// Sends frames until every sender is gone (true) or sending fails (false, the map closed).
-async fn pump(
-    sink: &mut SplitSink<Socket, WsMessage>,
-    frames: &mut mpsc::Receiver<String>,
-    pending: &Pending,
-) -> bool {
+async fn pump(sink: &mut SplitSink<Socket, WsMessage>, frames: &mut mpsc::Receiver<String>, pending: &Pending) -> bool {
     while let Some(first) = frames.recv().await {
         let mut sent = sink.feed(WsMessage::text(first)).await;
         // Frames queued meanwhile go out with this one: one flush, fewer syscalls under load.
