@@ -261,16 +261,7 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     // Acks are coalesced (flushed every 100 ms) and replicated: wait until every node has it,
     // since the next subscription may land on any of them.
     for i in 0..3 {
-        let url = format!("{}/topics/t/subscribers", c.url(i));
-        wait_until("the ack is recorded on every node", CONVERGE, || async {
-            let (_, body) = get_json(&url).await.ok()?;
-            body["subscribers"]
-                .as_array()?
-                .iter()
-                .any(|s| s["subscriber_id"] == "billing" && s["acked_sequence"] == 6)
-                .then_some(())
-        })
-        .await;
+        wait_acked(&c.url(i), "billing", 6, "the ack is recorded on every node").await;
     }
     let listed = client.subscribers("t").await.expect("subscribers");
     let billing = listed.iter().find(|s| s.subscriber_id == "billing").expect("billing listed");
@@ -295,29 +286,40 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     sub.ack(9);
     sub.close().await;
     c.terminate(follower);
-    let url = format!("{}/topics/t/subscribers", c.url(leader));
-    wait_until("the last ack of a stopped node is recorded", CONVERGE, || async {
+    wait_acked(&c.url(leader), "late", 9, "the last ack of a stopped node is recorded").await;
+}
+
+/// Waits until the node at `node` lists `subscriber` of topic `t` as acked at `sequence`.
+async fn wait_acked(node: &str, subscriber: &str, sequence: u64, what: &str) {
+    let url = format!("{node}/topics/t/subscribers");
+    wait_until(what, CONVERGE, || async {
         let (_, body) = get_json(&url).await.ok()?;
         body["subscribers"]
             .as_array()?
             .iter()
-            .any(|s| s["subscriber_id"] == "late" && s["acked_sequence"] == 9)
+            .any(|s| s["subscriber_id"] == subscriber && s["acked_sequence"] == sequence)
             .then_some(())
     })
     .await;
 }
 
-/// One run of the `pubsub` CLI: (exit code, stdout, stderr).
-async fn pubsub(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+/// The `pubsub` CLI with `args`, its output piped, free of the environment's settings.
+fn pubsub_command(args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(cli_binary());
     cmd.args(args)
         .env_remove("PUBSUB_SERVER")
         .env_remove("PUBSUB_ATTEMPTS")
         .env("RUST_LOG", "warn")
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    cmd
+}
+
+/// One run of the `pubsub` CLI: (exit code, stdout, stderr).
+async fn pubsub(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut cmd = pubsub_command(args);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     let mut child = cmd.spawn().expect("spawn pubsub");
     if let Some(text) = stdin {
         let mut pipe = child.stdin.take().expect("stdin");
@@ -375,15 +377,8 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     assert_eq!(page["messages"][0]["payload"], json!({"order_id": "ORD-3"}));
 
     // Publishing stdin into a closed stdout stops with an error, not exit 0 with input left.
-    let mut child = tokio::process::Command::new(cli_binary())
-        .args(["-s", s, "publish", "orders", "-"])
-        .env_remove("PUBSUB_SERVER")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn pubsub");
+    let mut child =
+        pubsub_command(&["-s", s, "publish", "orders", "-"]).stdin(Stdio::piped()).spawn().expect("spawn pubsub");
     drop(child.stdout.take());
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(b"5\n6\n7\n").await.expect("write stdin");

@@ -641,14 +641,12 @@ impl Worker {
         if socket.send(WsMessage::Close(None)).await.is_err() {
             return;
         }
-        let node_done = async {
-            while let Some(Ok(message)) = socket.next().await {
-                if matches!(message, WsMessage::Close(_)) {
-                    break;
-                }
+        // Bounded by `Subscription::close`, whose timeout drops the task.
+        while let Some(Ok(message)) = socket.next().await {
+            if matches!(message, WsMessage::Close(_)) {
+                break;
             }
-        };
-        let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, node_done).await;
+        }
     }
 
     /// Handles one text frame.

@@ -50,7 +50,7 @@ pub struct App {
     /// Payload bytes of `ack=appended` publishes answered and not yet applied: a 202 does not
     /// wait for the entry, so without this bound a client looping on it could queue more
     /// than the cluster writes, without limit.
-    pub appended_bytes: Arc<tokio::sync::Semaphore>,
+    pub appended_bytes: crate::budget::ByteBudget,
 }
 
 /// Who leads, as this node sees it.

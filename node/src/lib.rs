@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`config`]: flags with environment twins, validated into a [`Config`].
 //! - [`net`]: the seams to the outside world (dialer, clock), swapped by the simulation.
+//! - [`budget`]: a budget of bytes that waiting work draws on (a semaphore of bytes).
 //! - [`app`]: state shared by all handlers; leadership and write helpers.
 //! - [`propose`]: the leader's proposer, batching concurrent writes into one Raft entry.
 //! - [`api`]: the HTTP client API (axum routes), one module per resource.
@@ -18,6 +19,7 @@
 
 pub mod api;
 pub mod app;
+pub mod budget;
 pub mod config;
 pub mod error;
 pub mod limits;
@@ -100,7 +102,7 @@ where
         shutdown: CancellationToken::new(),
         subscriptions: AtomicUsize::new(0),
         connected: Mutex::new(HashMap::new()),
-        appended_bytes: Arc::new(tokio::sync::Semaphore::new(limits::APPENDED_BYTES_MAX)),
+        appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));

@@ -18,6 +18,7 @@ use raft_store::typ::Raft;
 use raft_store::{NewMessage, Node, NodeId, Request, Response};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::budget::ByteBudget;
 use crate::limits::{
     PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
     PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_LEN,
@@ -58,27 +59,20 @@ struct Pending {
 pub struct Proposer {
     queue: mpsc::Sender<Pending>,
     /// Bytes the queue may hold: the count bound alone let 1 MiB publishes queue gigabytes.
-    queue_bytes: Arc<Semaphore>,
+    queue_bytes: ByteBudget,
 }
 
 impl Proposer {
     pub fn spawn(raft: Raft) -> Self {
         let (queue, rx) = mpsc::channel(PROPOSAL_QUEUE_LEN);
         tokio::spawn(run(raft, rx));
-        Self { queue, queue_bytes: Arc::new(Semaphore::new(PROPOSAL_QUEUE_BYTES_MAX)) }
+        Self { queue, queue_bytes: ByteBudget::new(PROPOSAL_QUEUE_BYTES_MAX) }
     }
 
     /// Proposes `request` and waits until it is committed and applied on this node.
     pub async fn propose(&self, request: Request) -> Result<Committed, ProposeFailure> {
         let (reply, answer) = oneshot::channel();
-        // At most the bound, so a request larger than it (none is) could still be queued alone.
-        let weight = request.approx_bytes().clamp(1, PROPOSAL_QUEUE_BYTES_MAX) as u32;
-        let queued = self
-            .queue_bytes
-            .clone()
-            .acquire_many_owned(weight)
-            .await
-            .map_err(|_| ProposeFailure::Fatal("the proposer stopped".into()))?;
+        let queued = self.queue_bytes.take(request.approx_bytes()).await;
         self.queue
             .send(Pending { request, reply, _queued: queued })
             .await

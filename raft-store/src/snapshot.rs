@@ -10,7 +10,7 @@
 //! `cf` indexes [`SM_CFS`]. Node-local keys (`snapshot_meta`, `install_pending`) are not carried.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
@@ -74,16 +74,42 @@ pub struct PendingInstall {
     pub meta: SnapshotMeta,
 }
 
-/// Reads the snapshot file at `path` through: an error unless it is exactly a magic line,
-/// whole records and the end byte. A received file is checked before it is installed, so a
-/// malformed one (cut short, a hole in it, bytes after the end) is refused before anything
-/// changes, instead of failing half-way through the install and again at every restart,
-/// which redoes it from the same file.
-pub fn check(path: &Path) -> Result<(), StoreError> {
-    read_records(path, |_, _, _| Ok(()))
+/// Copies received snapshot data to `target` and fsyncs it, reading it through on the way:
+/// an error, and no `target` left, unless the data is exactly a magic line, whole records and
+/// the end byte. So a malformed snapshot (cut short, a hole in it, bytes after the end) is
+/// refused before the install changes anything, instead of failing half-way through it and
+/// again at every restart, which redoes it from the same file.
+pub fn copy_checked(source: &mut File, target: &Path) -> Result<(), StoreError> {
+    let mut copy = || -> Result<(), StoreError> {
+        source.seek(SeekFrom::Start(0))?;
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(target)?);
+        read_records(Tee { from: &mut *source, to: &mut out }, target, |_, _, _| Ok(()))?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(())
+    };
+    let copied = copy();
+    if copied.is_err() {
+        let _ = std::fs::remove_file(target);
+    }
+    copied
 }
 
-/// Replaces the state machine with the snapshot in `path` (which [`check`] accepted).
+/// Reads from `from` and writes everything it read to `to`.
+struct Tee<R, W> {
+    from: R,
+    to: W,
+}
+
+impl<R: Read, W: Write> Read for Tee<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.from.read(buf)?;
+        self.to.write_all(&buf[..n])?;
+        Ok(n)
+    }
+}
+
+/// Replaces the state machine with the snapshot in `path` (written by [`copy_checked`] or a
+/// build).
 ///
 /// # Correctness
 /// The install is marked pending (fsynced) before anything is deleted, and the marker is
@@ -113,7 +139,7 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
     db.write_opt(clear, &unsynced())?;
 
     let mut batch = WriteBatch::default();
-    read_records(path, |name, key, value| {
+    read_records(File::open(path)?, path, |name, key, value| {
         if name == SM_CFS[0] && (key == SNAPSHOT_META || key == INSTALL_PENDING) {
             return Ok(());
         }
@@ -131,14 +157,16 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
     Ok(())
 }
 
-/// Reads the snapshot file at `path`, handing each record (column family, key, value) to
-/// `each`; an error when the file is not exactly a magic line, whole records and the end byte.
+/// Reads snapshot data (of the file at `path`, named in errors) to its end, handing each record
+/// (column family, key, value) to `each`; an error when it is not exactly a magic line, whole
+/// records and the end byte.
 fn read_records(
+    input: impl Read,
     path: &Path,
     mut each: impl FnMut(&str, Vec<u8>, Vec<u8>) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("snapshot file {}: {what}", path.display()));
-    let mut input = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let mut input = BufReader::with_capacity(1 << 20, input);
     let mut magic = [0u8; MAGIC.len()];
     input.read_exact(&mut magic).map_err(|_| corrupt("shorter than its magic line".into()))?;
     if magic != MAGIC {

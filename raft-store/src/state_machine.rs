@@ -296,16 +296,17 @@ impl SnapshotFiles {
             }
         }
         self.db.put_cf_opt(cf(&self.db, CF_SM_META)?, SNAPSHOT_META, encode(meta)?, &crate::db::synced())?;
-        self.remove_other_files(&meta.snapshot_id)?;
+        self.remove_other_files(Some(&meta.snapshot_id))?;
         Ok(true)
     }
 
-    fn remove_other_files(&self, keep_id: &str) -> Result<(), StoreError> {
-        let keep = format!("{keep_id}.snap");
+    /// Removes every snapshot file but `keep_id`'s (all of them for `None`).
+    fn remove_other_files(&self, keep_id: Option<&str>) -> Result<(), StoreError> {
+        let keep = keep_id.map(|id| format!("{id}.snap"));
         for item in std::fs::read_dir(&self.dir)? {
             let item = item?;
             let name = item.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".snap") && name != keep {
+            if name.ends_with(".snap") && keep.as_deref() != Some(name.as_str()) {
                 let _ = std::fs::remove_file(item.path());
             }
         }
@@ -316,8 +317,7 @@ impl SnapshotFiles {
     /// removal follows the new one's record, and is not fsynced).
     fn remove_files_not_current(&self) -> Result<(), StoreError> {
         let current = self.current_meta()?.map(|meta| meta.snapshot_id);
-        // No snapshot id has this name: with none current, every file goes.
-        self.remove_other_files(current.as_deref().unwrap_or("/"))
+        self.remove_other_files(current.as_deref())
     }
 
     /// Partial files are what a crash left of a snapshot being built or received.
@@ -437,17 +437,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // takes seconds.
         files
             .blocking(move || {
-                let copied = (|| -> Result<(), std::io::Error> {
-                    use std::io::Seek;
-                    source.seek(std::io::SeekFrom::Start(0))?;
-                    let mut target = std::fs::File::create(&part)?;
-                    std::io::copy(&mut source, &mut target)?;
-                    target.sync_all()
-                })();
-                if let Err(e) = copied.map_err(StoreError::Io).and_then(|()| snapshot::check(&part)) {
-                    let _ = std::fs::remove_file(&part);
-                    return Err(e);
-                }
+                snapshot::copy_checked(&mut source, &part)?;
                 // From the file's name to its install and the removal of older files, one
                 // critical section: a snapshot build finishing meanwhile (`set_current`) would
                 // otherwise see the received file as older than itself and remove it.
@@ -456,7 +446,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // The pending-install marker names the file: its name must be durable first.
                 sync_dir(&guard_files.dir)?;
                 snapshot::install(&db, &path, &meta_owned)?;
-                guard_files.remove_other_files(&meta_owned.snapshot_id)
+                guard_files.remove_other_files(Some(&meta_owned.snapshot_id))
             })
             .await
             .map_err(sm_write_err)?;

@@ -137,16 +137,22 @@ async fn replication_reads_are_bounded_in_bytes_but_always_make_progress() {
     assert_eq!(alone.len(), 1);
 }
 
-#[tokio::test]
-async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
-    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut leader = raft_store::open(leader_dir.path()).unwrap();
+/// A store in `dir` holding topic `a` with 300 messages (entries 1–301), and a snapshot of it.
+async fn store_with_a_snapshot(dir: &std::path::Path) -> (raft_store::Store, raft_store::typ::Snapshot) {
+    let mut store = raft_store::open(dir).unwrap();
     let mut entries = vec![entry(1, create("a"))];
     for i in 0..300 {
         entries.push(entry(2 + i, publish("a", &format!("m{i}"))));
     }
-    leader.state_machine.apply(entries).await.unwrap();
-    let snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    store.state_machine.apply(entries).await.unwrap();
+    let snapshot = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    (store, snapshot)
+}
+
+#[tokio::test]
+async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (leader, snapshot) = store_with_a_snapshot(leader_dir.path()).await;
     assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(301));
 
     let mut follower = raft_store::open(follower_dir.path()).unwrap();
@@ -177,13 +183,7 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
 async fn a_malformed_received_snapshot_is_refused_and_changes_nothing() {
     use std::io::{Read, Seek, SeekFrom, Write};
     let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut leader = raft_store::open(leader_dir.path()).unwrap();
-    let mut entries = vec![entry(1, create("a"))];
-    for i in 0..300 {
-        entries.push(entry(2 + i, publish("a", &format!("m{i}"))));
-    }
-    leader.state_machine.apply(entries).await.unwrap();
-    let mut snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let (_leader, mut snapshot) = store_with_a_snapshot(leader_dir.path()).await;
     let mut bytes = Vec::new();
     snapshot.snapshot.0.seek(SeekFrom::Start(0)).unwrap();
     snapshot.snapshot.0.read_to_end(&mut bytes).unwrap();

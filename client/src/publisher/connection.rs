@@ -127,13 +127,13 @@ pub(super) fn spawn(socket: Socket, frames: mpsc::Receiver<String>, pending: Arc
 
 /// Sends frames until every sender is gone or the map is closed, then closes the socket.
 async fn write(mut sink: SplitSink<Socket, WsMessage>, mut frames: mpsc::Receiver<String>, pending: Arc<Pending>) {
-    let sent_all = tokio::select! {
+    let socket_usable = tokio::select! {
         // First: frames still queued belong to publishes already told the connection is gone.
         biased;
         () = pending.closed() => true,
         sent_all = pump(&mut sink, &mut frames, &pending) => sent_all,
     };
-    if sent_all {
+    if socket_usable {
         // Bounded: the node may have stopped reading (that is why a publish timed out).
         let _ = tokio::time::timeout(PUBLISH_WS_CLOSE_TIMEOUT, sink.send(WsMessage::Close(None))).await;
     }

@@ -18,8 +18,8 @@ use super::topics::active;
 use crate::app::{InflightGuard, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{
-    APPENDED_BYTES_MAX, BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX,
-    PUBLISH_BODY_BYTES_MAX, WRITE_TIMEOUT,
+    BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX, PUBLISH_BODY_BYTES_MAX,
+    WRITE_TIMEOUT,
 };
 use crate::metrics::Outcome;
 
@@ -87,11 +87,10 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
 }
 
 /// Payload bytes as stored: compact JSON, at most 1 MiB. Payloads that clients serialize
-/// compactly (no whitespace byte at all) are taken as they are, without a copy.
+/// compactly (no whitespace between tokens) are taken as they are, without a copy.
 fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
     let text: Box<str> = raw.into();
-    readable(&text).map_err(ApiError::InvalidRequest)?;
-    let compact = if text.bytes().any(|b| b.is_ascii_whitespace()) {
+    let compact = if readable(&text).map_err(ApiError::InvalidRequest)?.spaced {
         Bytes::from(minify(&text))
     } else {
         Bytes::from(String::from(text))
@@ -126,12 +125,20 @@ fn for_each_byte(text: &str, mut each: impl FnMut(u8, bool)) {
     }
 }
 
+/// What [`readable`] found out about a payload on its way.
+#[derive(Debug)]
+struct Readable {
+    /// Whitespace lies between tokens: [`minify`] has something to drop.
+    spaced: bool,
+}
+
 /// Refuses already-validated JSON that common readers could not read back once stored:
 /// arrays and objects nested deeper than [`PAYLOAD_DEPTH_MAX`], or a number beyond what an
 /// f64 holds (`1e400` is valid JSON, but serde_json, this project's client among its users,
-/// refuses it, and JavaScript reads it as `Infinity`). One walk over the bytes.
-fn readable(text: &str) -> Result<(), String> {
-    let (mut depth, mut deepest) = (0usize, 0usize);
+/// refuses it, and JavaScript reads it as `Infinity`). One walk over the bytes, the only one
+/// a compact payload gets on the publish path.
+fn readable(text: &str) -> Result<Readable, String> {
+    let (mut depth, mut deepest, mut spaced) = (0usize, 0usize, false);
     let (mut at, mut number_start, mut too_large) = (0usize, None::<usize>, None::<usize>);
     let mut end_number = |start: usize, end: usize| {
         let number = &text[start..end];
@@ -158,6 +165,7 @@ fn readable(text: &str) -> Result<(), String> {
                 deepest = deepest.max(depth);
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
+            _ if b.is_ascii_whitespace() => spaced = true,
             _ => {}
         }
         at += 1;
@@ -172,7 +180,7 @@ fn readable(text: &str) -> Result<(), String> {
         let number: String = text[start..].chars().take_while(|c| !matches!(c, ',' | ']' | '}')).take(40).collect();
         return Err(format!("payload number {} is beyond the range of a 64-bit float", number.trim()));
     }
-    Ok(())
+    Ok(Readable { spaced })
 }
 
 /// Drops the whitespace between JSON tokens of already-validated JSON, keeping everything
@@ -241,13 +249,8 @@ pub async fn publish(
     let request = Request::publish(topic.clone(), vec![message], app.now_ms(), id_generated);
 
     if mode == AckMode::Appended {
-        // A payload is at most PUBLISH_BODY_BYTES_MAX, far below u32::MAX and the bound.
-        let weight = (payload_len.max(1) as u32).min(APPENDED_BYTES_MAX as u32);
-        let acquire = app.appended_bytes.clone().acquire_many_owned(weight);
-        let room = match tokio::time::timeout(WRITE_TIMEOUT, acquire).await {
-            Ok(Ok(room)) => room,
-            Ok(Err(_)) => return Err(ApiError::Unavailable("shutting down".into())),
-            Err(_) => return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
+        let Ok(room) = tokio::time::timeout(WRITE_TIMEOUT, app.appended_bytes.take(payload_len)).await else {
+            return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis()));
         };
         let receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
         // Keep the id in flight and the bytes counted until the entry resolves, so a quick
@@ -333,7 +336,8 @@ pub async fn batch(
     }
     let bytes = input::body(body, BATCH_BODY_BYTES_MAX).await?;
     let batch: BatchIn = parse(&bytes)?;
-    if batch.messages.is_empty() || batch.messages.len() > BATCH_MESSAGES_MAX {
+    // More than the maximum is refused while parsing (`at_most_batch_messages`).
+    if batch.messages.is_empty() {
         return Err(ApiError::InvalidRequest(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
     }
     let incoming = batch.messages.into_iter().map(|m| new_message_from(&app, m)).collect::<Result<Vec<_>, _>>()?;
@@ -414,6 +418,13 @@ mod tests {
         assert!(readable(&nested(PAYLOAD_DEPTH_MAX + 1)).is_err());
         let in_string = format!("[\"{}\", \"\\\"{}\"]", "[".repeat(300), "{".repeat(300));
         assert!(readable(&in_string).is_ok(), "{in_string}");
+    }
+
+    #[test]
+    fn readable_sees_whitespace_between_tokens_only() {
+        assert!(!readable(r#"{"a":"x y","b":[1,2]}"#).unwrap().spaced);
+        assert!(readable("{\"a\": 1}").unwrap().spaced);
+        assert!(readable("[1,\n2]").unwrap().spaced);
     }
 
     #[test]

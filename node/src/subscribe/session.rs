@@ -6,6 +6,7 @@
 //! and its memory is one page. A cursor below the retained range is announced with
 //! `messages_expired` before the subscription continues: loss is never silent.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -133,15 +134,26 @@ async fn listen(
 /// deadline is per frame (a frame waits only while the socket's buffer is full), so a slow
 /// reader that keeps reading is served, however long a page takes it.
 async fn send_all<T: Into<Utf8Bytes>>(sink: &mut Sink, texts: impl IntoIterator<Item = T>) -> Result<(), End> {
-    let within = |sent: Result<Result<(), axum::Error>, tokio::time::error::Elapsed>| match sent {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(End::Gone),
-        Err(_) => Err(End::Close(1008, "subscriber stopped reading")),
-    };
     for text in texts {
-        within(tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.feed(Message::Text(text.into()))).await)?;
+        within_idle_timeout(sink.feed(Message::Text(text.into()))).await?;
     }
-    within(tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.flush()).await)
+    within_idle_timeout(sink.flush()).await
+}
+
+/// Runs one write to the socket, for at most [`SUBSCRIBE_IDLE_TIMEOUT`]. The deadline's timer
+/// is armed only when the write has to wait for room in the socket's buffer: on a fan-out
+/// every frame to every subscriber passes here, and nearly all go out at once.
+async fn within_idle_timeout<F>(mut write: F) -> Result<(), End>
+where
+    F: Future<Output = Result<(), axum::Error>> + Unpin,
+{
+    let written = match (&mut write).now_or_never() {
+        Some(written) => written,
+        None => tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, write)
+            .await
+            .map_err(|_| End::Close(1008, "subscriber stopped reading"))?,
+    };
+    written.map_err(|_| End::Gone)
 }
 
 /// The liveness check, each [`SUBSCRIBE_PING_INTERVAL`]: ends the session when nothing came
