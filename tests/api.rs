@@ -661,3 +661,53 @@ async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
     let r = get(&format!("{l}/topics/big")).await.unwrap();
     assert_eq!(r.body["current_sequence"], 0, "nothing was stored");
 }
+
+/// `pubsub_read_pages_bytes` from `url`'s metrics.
+async fn read_pages_bytes(url: &str) -> u64 {
+    let text = http::client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|l| l.starts_with("pubsub_read_pages_bytes ")).expect("metric listed");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
+    // Far more than the sockets' buffers hold, so the session blocks with a page in hand.
+    let payload = "x".repeat(900 * 1024);
+    let count = 40u64;
+    for i in 1..=count {
+        let r = post(&format!("{l}/topics/big/messages"), &json!({"id": format!("m{i}"), "payload": payload}))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 201);
+    }
+    assert_eq!(read_pages_bytes(&l).await, 0);
+
+    let mut ws = ws_connect(&l, "/topics/big/subscribe?subscriber_id=slow&cursor=0").await;
+    // A page: about 4 MiB of payloads and their frames, not the worst case reserved for the read.
+    wait_until("a page held for the reader", Duration::from_secs(10), || async {
+        (1024 * 1024..8 * 1024 * 1024).contains(&read_pages_bytes(&l).await).then_some(())
+    })
+    .await;
+
+    // Read everything: every message in order, then the budget is whole again.
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    for sequence in 1..=count {
+        assert_eq!(next_frame(&mut ws).await["sequence"], sequence);
+    }
+    wait_until("pages given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+
+    // A read page is counted too, and given back once sent.
+    let (status, body) = http::get_json(&format!("{l}/topics/big/messages?after=0&limit=1000")).await.unwrap();
+    assert_eq!(status, 200);
+    assert!(body["messages"].as_array().unwrap().len() >= 4);
+    wait_until("read page given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}

@@ -51,6 +51,9 @@ pub struct App {
     /// wait for the entry, so without this bound a client looping on it could queue more
     /// than the cluster writes, without limit.
     pub appended_bytes: crate::budget::ByteBudget,
+    /// Bytes of message pages read from storage and not yet sent (subscriptions and
+    /// `GET /messages`): lagging readers of large messages cannot hold the node's memory.
+    pub read_pages: crate::budget::ByteBudget,
 }
 
 /// Who leads, as this node sees it.

@@ -103,6 +103,7 @@ where
         subscriptions: AtomicUsize::new(0),
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
+        read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));

@@ -95,6 +95,27 @@ pub const READ_WAIT_MS_MAX: u64 = 30_000;
 /// Messages a subscription reads from storage per page: bounds its memory.
 pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
 
+/// Bytes of message pages read from storage that subscriptions and `GET /messages` hold at
+/// once on a node while they send them. A lagging subscriber holds its page until its reader
+/// has taken it (a slow one may take minutes), so without a bound a thousand of them replaying
+/// large messages would hold gigabytes; past it, the next read waits for room.
+pub const READ_PAGES_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// How long `GET /messages` waits for room among the pages read before it answers
+/// `503 unavailable`.
+pub const READ_PAGES_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes of a message's frame besides its payload, at most: an id of escaped characters (6
+/// bytes each), the topic name (ASCII), two numbers and the field names.
+pub const FRAME_FIELDS_BYTES_MAX: usize = 6 * ID_CHARS_MAX + TOPIC_NAME_CHARS_MAX + 128;
+
+/// What one page read from storage may hold at most, reserved before the read: payloads up to
+/// the read's byte bound plus the message that crosses it, with each message's fields; twice,
+/// since the stored messages and the response built from them live together for a moment.
+/// The reservation shrinks to the response's size once it is built.
+pub const READ_PAGE_BYTES_RESERVED: usize =
+    2 * (raft_store::limits::READ_BYTES_MAX + PAYLOAD_BYTES_MAX + READ_LIMIT_MAX * FRAME_FIELDS_BYTES_MAX);
+
 /// Serialized frames kept per topic for subscribers to share, by count and bytes, and topics
 /// with such a ring at once.
 pub const FRAME_CACHE_FRAMES_PER_TOPIC: usize = 4096;
@@ -223,4 +244,7 @@ const _: () = {
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
     assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
+    // Reads of the largest pages still proceed many at a time.
+    assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
+    assert!(SUBSCRIBE_PAGE_MESSAGES <= READ_LIMIT_MAX);
 };

@@ -79,6 +79,7 @@ pub struct Metrics {
     log_bytes: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
+    read_pages_bytes: Gauge<u64, AtomicU64>,
 }
 
 /// What the log store reports of its fsyncs ([`FsyncObserver`]).
@@ -162,6 +163,12 @@ impl Default for Metrics {
             "On the leader: log entries each follower has yet to confirm",
             follower_lag.clone(),
         );
+        let read_pages_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "read_pages_bytes",
+            "Bytes of message pages read from storage and not yet sent (subscriptions, GET messages), bounded per node",
+            read_pages_bytes.clone(),
+        );
         Self {
             registry,
             publishes,
@@ -180,6 +187,7 @@ impl Default for Metrics {
             log_bytes,
             follower_lag,
             table_file_bytes,
+            read_pages_bytes,
         }
     }
 }
@@ -220,6 +228,7 @@ impl Metrics {
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.log_bytes.set(app.log_files.bytes());
         self.subscribers.set(app.subscription_count() as i64);
+        self.read_pages_bytes.set(app.read_pages.held() as u64);
         self.topic_sequence.clear();
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);

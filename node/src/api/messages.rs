@@ -12,8 +12,11 @@ use axum::response::{IntoResponse, Response};
 use super::input;
 use super::topics::active;
 use crate::app::SharedApp;
+use crate::budget::ByteBudget;
 use crate::error::ApiError;
-use crate::limits::{READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_WAIT_MS_MAX};
+use crate::limits::{
+    READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_PAGES_WAIT_TIMEOUT, READ_PAGE_BYTES_RESERVED, READ_WAIT_MS_MAX,
+};
 use crate::subscribe::frames::message_fields;
 
 fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>> {
@@ -57,12 +60,12 @@ pub async fn read(
         // Something to return: a message after `after` that retention has not removed (a
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
         if record.current_sequence > page_start(&record, after) || wait_ms == 0 {
-            return page(&app, &record, after, limit);
+            return page(&app, &record, after, limit).await;
         }
         tokio::select! {
-            changed = watch.changed() => if changed.is_err() { return page(&app, &record, after, limit) },
-            _ = tokio::time::sleep_until(deadline) => return page(&app, &record, after, limit),
-            _ = app.shutdown.cancelled() => return page(&app, &record, after, limit),
+            changed = watch.changed() => if changed.is_err() { return page(&app, &record, after, limit).await },
+            _ = tokio::time::sleep_until(deadline) => return page(&app, &record, after, limit).await,
+            _ = app.shutdown.cancelled() => return page(&app, &record, after, limit).await,
         }
     }
 }
@@ -74,7 +77,16 @@ fn page_start(record: &raft_store::TopicRecord, after: u64) -> u64 {
 }
 
 /// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
-fn page(app: &SharedApp, record: &raft_store::TopicRecord, after: u64, limit: usize) -> Result<Response, ApiError> {
+/// The body counts against the node's budget of pages read until it has been sent.
+async fn page(
+    app: &SharedApp,
+    record: &raft_store::TopicRecord,
+    after: u64,
+    limit: usize,
+) -> Result<Response, ApiError> {
+    let mut reserved = tokio::time::timeout(READ_PAGES_WAIT_TIMEOUT, app.read_pages.take(READ_PAGE_BYTES_RESERVED))
+        .await
+        .map_err(|_| ApiError::Unavailable("the node is busy sending pages of messages to other readers".into()))?;
     let start = page_start(record, after);
     let messages = app.reader.read_messages(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
@@ -95,5 +107,6 @@ fn page(app: &SharedApp, record: &raft_store::TopicRecord, after: u64, limit: us
         )
         .as_bytes(),
     );
-    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+    ByteBudget::shrink(&mut reserved, out.len());
+    Ok(([(header::CONTENT_TYPE, "application/json")], ByteBudget::hold(out, reserved)).into_response())
 }

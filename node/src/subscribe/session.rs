@@ -3,7 +3,7 @@
 //! The loop reads a bounded page of messages after its cursor from RocksDB, sends them, and
 //! when caught up waits on the topic's watch. A subscriber that falls behind simply reads
 //! from storage again: it never makes the apply loop, publishers or other subscribers wait,
-//! and its memory is one page. A cursor below the retained range is announced with
+//! and its memory is one page, counted against the node's budget of pages read. A cursor below the retained range is announced with
 //! `messages_expired` before the subscription continues: loss is never silent.
 
 use std::future::Future;
@@ -21,7 +21,10 @@ use tokio::time::Instant;
 
 use super::frames;
 use crate::app::SharedApp;
-use crate::limits::{SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PING_INTERVAL};
+use crate::budget::ByteBudget;
+use crate::limits::{
+    READ_PAGE_BYTES_RESERVED, SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PING_INTERVAL,
+};
 
 /// What was agreed before the upgrade.
 pub struct Session {
@@ -217,7 +220,27 @@ async fn serve_inner(
             cursor = signal.first_sequence - 1;
         }
         if cursor < last {
-            if deliver_page(app, sink, s, &mut cursor, last).await? {
+            let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES);
+            // A page read from storage counts against the node's budget until it is sent.
+            let mut _reserved = None;
+            if page.is_empty() {
+                // Others' pages may take long to send to slow readers: keep pinging meanwhile,
+                // and keep this place in the queue.
+                let take = app.read_pages.take(READ_PAGE_BYTES_RESERVED);
+                tokio::pin!(take);
+                let mut reserved = loop {
+                    tokio::select! {
+                        reserved = &mut take => break reserved,
+                        _ = ping.tick() => keep_alive(sink, heard).await?,
+                        () = &mut client_gone => return Ok(End::Gone),
+                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
+                    }
+                };
+                page = read_page(app, s, cursor)?;
+                ByteBudget::shrink(&mut reserved, page.iter().map(|(_, frame)| frame.len()).sum());
+                _reserved = Some(reserved);
+            }
+            if deliver_page(app, sink, s, &mut cursor, last, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
                 // on this path too, or a client that only answers pings (a browser) is never
                 // pinged, and cut off as silent once the delivery lets up.
@@ -251,22 +274,31 @@ async fn serve_inner(
     }
 }
 
-/// Sends the next page of messages after `cursor`, up to `last`, and moves the cursor past
-/// them. Messages trimmed meanwhile are announced with `messages_expired`. False when storage
-/// had nothing after the cursor (the cursor did not move).
-async fn deliver_page(app: &SharedApp, sink: &mut Sink, s: &Session, cursor: &mut u64, last: u64) -> Result<bool, End> {
-    let mut page = app.frames.get(s.topic_id, *cursor, SUBSCRIBE_PAGE_MESSAGES);
-    if page.is_empty() {
-        let stored = app.reader.read_messages(s.topic_id, *cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
-            tracing::error!(error = %e, "subscription cannot read storage");
-            End::Close(1011, "storage error")
-        })?;
-        page = stored
-            .iter()
-            .map(|(sequence, message)| (*sequence, Utf8Bytes::from(frames::message(&s.topic, *sequence, message))))
-            .collect();
-        app.frames.put(s.topic_id, &page);
-    }
+/// Reads the page after `cursor` from storage, as frames, and shares them through the cache.
+fn read_page(app: &SharedApp, s: &Session, cursor: u64) -> Result<Vec<(u64, Utf8Bytes)>, End> {
+    let stored = app.reader.read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
+        tracing::error!(error = %e, "subscription cannot read storage");
+        End::Close(1011, "storage error")
+    })?;
+    let page: Vec<_> = stored
+        .iter()
+        .map(|(sequence, message)| (*sequence, Utf8Bytes::from(frames::message(&s.topic, *sequence, message))))
+        .collect();
+    app.frames.put(s.topic_id, &page);
+    Ok(page)
+}
+
+/// Sends `page`, the messages after `cursor`, up to `last`, and moves the cursor past them.
+/// Messages trimmed meanwhile are announced with `messages_expired`. False when the page is
+/// empty (storage had nothing after the cursor; the cursor did not move).
+async fn deliver_page(
+    app: &SharedApp,
+    sink: &mut Sink,
+    s: &Session,
+    cursor: &mut u64,
+    last: u64,
+    page: Vec<(u64, Utf8Bytes)>,
+) -> Result<bool, End> {
     let Some(&(first, _)) = page.first() else { return Ok(false) };
     let mut out = Vec::with_capacity(page.len() + 1);
     let mut delivered = 0;
