@@ -17,6 +17,7 @@
 #   PUBSUB_STRIP           0 keeps debug info in the image's binaries (default: stripped)
 #   COMPOSE_PROJECT_NAME   the compose project           (default: pubsub)
 #   PUBSUB_PORT_1..3       host ports of node1..node3    (default: 8081..8083)
+#   PUBSUB_HOST_IP         the host address they are published on (default: 127.0.0.1)
 #   PUBSUB_CLUSTER_SECRET  the shared Raft secret (set it: compose has an insecure default)
 set -euo pipefail
 
@@ -28,6 +29,9 @@ IMAGE=${PUBSUB_IMAGE:-pubsub-node:local}
 LOCAL_BASE=pubsub-base:local
 PROJECT=${COMPOSE_PROJECT_NAME:-pubsub}
 PORTS=("${PUBSUB_PORT_1:-8081}" "${PUBSUB_PORT_2:-8082}" "${PUBSUB_PORT_3:-8083}")
+# Where the published ports answer (compose publishes them on PUBSUB_HOST_IP).
+HOST=${PUBSUB_HOST_IP:-127.0.0.1}
+if [ "$HOST" = 0.0.0.0 ]; then HOST=127.0.0.1; fi
 # How long `up` waits for all three nodes to answer /ready (a cold start takes a few seconds).
 READY_TIMEOUT_S=120
 
@@ -47,12 +51,12 @@ compose() {
     fi
 }
 
-# GET http://127.0.0.1:PORT/PATH answers 200.
+# GET http://$HOST:PORT/PATH answers 200.
 http_ok() {
     if command -v curl >/dev/null 2>&1; then
-        curl -fsS -m 2 -o /dev/null "http://127.0.0.1:$1$2" 2>/dev/null
+        curl -fsS -m 2 -o /dev/null "http://$HOST:$1$2" 2>/dev/null
     else
-        "$BIN_DIR/pubsub-probe" "http://127.0.0.1:$1$2" 2>/dev/null
+        "$BIN_DIR/pubsub-probe" "http://$HOST:$1$2" 2>/dev/null
     fi
 }
 
@@ -159,7 +163,7 @@ status() {
     for i in 0 1 2; do
         port=${PORTS[$i]}
         if command -v curl >/dev/null 2>&1; then
-            line=$(curl -sS -m 2 "http://127.0.0.1:$port/cluster" 2>&1) || true
+            line=$(curl -sS -m 2 "http://$HOST:$port/cluster" 2>&1) || true
         elif http_ok "$port" /cluster; then
             line="(up; install curl to see /cluster)"
         else

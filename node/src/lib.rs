@@ -71,7 +71,10 @@ where
 {
     let store = raft_store::open_with(&config.data_dir, config.io_mode)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
-    store.log_store.set_node_id(config.id);
+    store
+        .log_store
+        .set_node_id(config.id)
+        .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
     let metrics = Metrics::default();
     store.log_store.observe_fsyncs(metrics.fsync_observer());
     let committed_index = store.log_store.committed_index();
@@ -111,7 +114,9 @@ where
 
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
                    data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
-    if config.cluster_secret.is_none() && config.peers.len() > 1 {
+    // A single node reachable from elsewhere is as open: a stranger's vote or append would
+    // change its log just the same.
+    if config.cluster_secret.is_none() && (config.peers.len() > 1 || !config.listen.ip().is_loopback()) {
         tracing::warn!(
             "no --cluster-secret: anyone who reaches this port can act as a cluster peer (vote, replicate, write); \
              set the same secret on every node"

@@ -25,6 +25,8 @@ pub const SM_CFS: [&str; 5] = [CF_SM_META, CF_TOPICS, CF_MESSAGES, CF_DEDUP, CF_
 pub const VOTE: &[u8] = b"vote";
 pub const COMMITTED: &[u8] = b"committed";
 pub const LAST_PURGED: &[u8] = b"last_purged";
+/// The id of the node that owns the data dir.
+pub const NODE_ID: &[u8] = b"node_id";
 pub const LAST_APPLIED: &[u8] = b"last_applied";
 pub const MEMBERSHIP: &[u8] = b"membership";
 pub const NEXT_TOPIC_ID: &[u8] = b"next_topic_id";

@@ -26,7 +26,7 @@ use rocksdb::{Direction, IteratorMode, DB};
 
 use crate::db::{cf, synced, unsynced};
 use crate::error::{read_err, write_err};
-use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, VOTE};
+use crate::keys::{decode_u64, log_key, CF_LOG, CF_RAFT, COMMITTED, LAST_PURGED, NODE_ID, VOTE};
 use crate::limits::{RECENT_ENTRIES_BYTES_MAX, REPLICATION_READ_BYTES_MAX};
 use crate::recent::RecentEntries;
 use crate::segments::{Record, SegmentLog};
@@ -130,8 +130,24 @@ impl LogStore {
     /// the leader, so its appends never share an fsync, and the hand-off to the syncer thread
     /// and back cost two thread wake-ups on the commit path. The leader's own appends still
     /// go to the syncer: they group-commit while the entries are already replicating.
-    pub fn set_node_id(&self, id: NodeId) {
+    ///
+    /// The id is also recorded in the data dir on first start, and a later start under another
+    /// id is refused: a node given another's data dir (swapped volumes, a wrong `--id`) would
+    /// carry that node's votes and log under its own name, and two voters with one history can
+    /// elect two leaders in one term.
+    pub fn set_node_id(&self, id: NodeId) -> Result<(), StoreError> {
+        match self.get_meta::<NodeId>(NODE_ID)? {
+            Some(stored) if stored != id => return Err(StoreError::OtherNode { stored, given: id }),
+            Some(_) => {}
+            None => self.db.put_cf_opt(
+                cf(&self.db, CF_RAFT)?,
+                NODE_ID,
+                bincode::serialize(&id).map_err(StoreError::decode("node id"))?,
+                &synced(),
+            )?,
+        }
         let _ = self.node_id.set(id);
+        Ok(())
     }
 
     /// Reports every fsync of appends to `observer` from now on, for every clone. The first

@@ -363,7 +363,7 @@ async fn every_durable_append_is_reported_to_the_fsync_observer() {
     let seen = std::sync::Arc::new(FsyncCount::default());
     store.log_store.observe_fsyncs(seen.clone());
     // The leader's own entries (leader 1 is this node): through the syncer thread.
-    store.log_store.set_node_id(1);
+    store.log_store.set_node_id(1).unwrap();
     store.log_store.blocking_append([entry(1, create("a"))]).await.unwrap();
     store.log_store.blocking_append([entry(2, publish("a", "x")), entry(3, publish("a", "y"))]).await.unwrap();
     assert_eq!(seen.appends.load(Relaxed), 2, "two appends made durable");
@@ -373,7 +373,7 @@ async fn every_durable_append_is_reported_to_the_fsync_observer() {
     let mut follower = raft_store::open(follower_dir.path()).unwrap();
     let inline = std::sync::Arc::new(FsyncCount::default());
     follower.log_store.observe_fsyncs(inline.clone());
-    follower.log_store.set_node_id(2);
+    follower.log_store.set_node_id(2).unwrap();
     for i in 1..=3 {
         follower.log_store.blocking_append([entry(i, publish("a", &format!("m{i}")))]).await.unwrap();
     }
@@ -415,4 +415,21 @@ async fn a_commit_index_ahead_of_the_durable_log_after_a_power_cut_still_starts(
     state.expect("the node starts");
     let (applied, _) = store.state_machine.applied_state().await.unwrap();
     assert_eq!(applied.map(|a| a.index), Some(2));
+}
+
+#[tokio::test]
+async fn a_data_dir_is_refused_to_a_node_it_does_not_belong_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = {
+        let store = raft_store::open(dir.path()).unwrap();
+        store.log_store.set_node_id(2).unwrap();
+        store.closed
+    };
+    assert!(closed.wait(Duration::from_secs(5)).await);
+    let store = raft_store::open(dir.path()).unwrap();
+    let refused = store.log_store.set_node_id(3).unwrap_err();
+    assert!(matches!(refused, raft_store::StoreError::OtherNode { stored: 2, given: 3 }), "{refused}");
+    assert!(refused.to_string().contains("node 2's state, not node 3's"), "{refused}");
+    // Its own id is still welcome.
+    store.log_store.set_node_id(2).unwrap();
 }

@@ -17,7 +17,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for RocksBuilder 
         let dir = TempDir::new().map_err(raft_store::error::write_err)?;
         let store = raft_store::open(dir.path()).map_err(raft_store::error::write_err)?;
         if let Some(id) = self.node_id {
-            store.log_store.set_node_id(id);
+            store.log_store.set_node_id(id).unwrap();
         }
         Ok((dir, store.log_store, store.state_machine))
     }
