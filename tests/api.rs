@@ -548,6 +548,13 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     assert_eq!(unreferenced, 2, "the frame that is not JSON and the binary one: {errors:?}");
     let typed = errors.iter().find(|e| e["ref"] == "typed").expect("the wrong-typed frame answered with its ref");
     assert_eq!(typed["error"], "invalid_request");
+    // An error echoes `ref` exactly as written, as an ack does, even a number no float holds.
+    let big_ref = r#"{"type":"publish","ref":18446744073709551616,"payload":1e400}"#;
+    ws.send(Message::Text(big_ref.into())).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+    let answer = answer.into_text().unwrap();
+    assert!(answer.starts_with(r#"{"type":"error","ref":18446744073709551616,"#), "{answer}");
+    assert_eq!(serde_json::from_str::<Value>(&answer).unwrap()["error"], "invalid_request");
     // Every acked message is readable with the sequence it was acked with.
     let (_, body) = http::get_json(&format!("{l}/topics/w/messages?after=0&limit=100")).await.unwrap();
     for m in body["messages"].as_array().unwrap() {
@@ -658,6 +665,7 @@ async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
     ws.send(Message::Text(frame.to_string().into())).await.unwrap();
     let answer = next_frame(&mut ws).await;
     assert_eq!((&answer["type"], &answer["error"]), (&json!("error"), &json!("payload_too_large")), "{answer}");
+    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1009}), "then a close that says why");
     let r = get(&format!("{l}/topics/big")).await.unwrap();
     assert_eq!(r.body["current_sequence"], 0, "nothing was stored");
 }

@@ -579,3 +579,70 @@ fn connections_that_send_no_request_in_time_are_closed() {
     });
     sim.run().expect("simulation");
 }
+
+/// A leader cut off from its quorum stays in office (openraft 0.9) until it hears of a newer
+/// term, but it no longer takes publishes on an open publishing WebSocket: each frame is
+/// answered `no_leader` at once, as an HTTP publish is, so the client moves on to the new
+/// leader instead of waiting out a `raft_timeout` per publish for the whole partition.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
+    use futures_util::SinkExt;
+    const NODES: usize = 3;
+    /// Past twice the election timeout without a quorum, the leader no longer counts itself one.
+    const CUT_SETTLE: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(3);
+    add_nodes(&mut sim, NODES, dir.path());
+    let leader_found: Arc<Mutex<Option<usize>>> = Arc::default();
+    let cut = Arc::new(AtomicBool::new(false));
+    let answers: Arc<Mutex<Vec<(Value, Duration)>>> = Arc::default();
+    {
+        let (leader_found, cut, answers) = (leader_found.clone(), cut.clone(), answers.clone());
+        sim.client("publisher", async move {
+            let leader = loop {
+                if let Some((leader, _)) = agreed_leader(NODES).await {
+                    break leader;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let created = request(&host(leader), "POST", "/topics/t", None).await.map(|(status, _)| status);
+            assert_eq!(created, Ok(201));
+            let mut ws = websocket(&host(leader), "/topics/t/publish").await?;
+            *leader_found.lock().unwrap() = Some(leader);
+            while !cut.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(CUT_SETTLE).await;
+            for i in 0..3 {
+                let sent = tokio::time::Instant::now();
+                let frame = json!({"type": "publish", "ref": i, "id": format!("m{i}"), "payload": i});
+                ws.send(Message::Text(frame.to_string().into())).await?;
+                let answer = loop {
+                    match ws.next().await {
+                        Some(Ok(Message::Text(text))) => break serde_json::from_str::<Value>(&text)?,
+                        Some(Ok(_)) => continue,
+                        other => panic!("the publishing socket ended: {other:?}"),
+                    }
+                };
+                answers.lock().unwrap().push((answer, sent.elapsed()));
+            }
+            Ok(())
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        if let Some(leader) = *leader_found.lock().unwrap() {
+            if !cut.swap(true, Ordering::SeqCst) {
+                for j in (0..NODES).filter(|&j| j != leader) {
+                    sim.partition(host(leader), host(j));
+                }
+            }
+        }
+    }
+    let answers = answers.lock().unwrap().clone();
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    for (answer, took) in &answers {
+        assert_eq!(answer["error"], "no_leader", "{answers:?}");
+        assert!(*took < Duration::from_secs(1), "answered after {took:?}, not at once: {answers:?}");
+    }
+}

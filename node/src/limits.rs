@@ -17,6 +17,12 @@ pub const PAYLOAD_DEPTH_MAX: usize = 100;
 /// Publishes in flight on one publishing WebSocket; past it the server stops reading
 /// frames until answers go out.
 pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
+/// Bytes of publish frames in flight on one publishing WebSocket: 4,096 frames of a megabyte
+/// would otherwise be 4 GiB held by one connection.
+pub const PUBLISH_WS_INFLIGHT_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// How long a publishing WebSocket waits for the client to take its answers before it gives
+/// up on the connection (a client that stopped reading holds its publishes in flight).
+pub const PUBLISH_WS_SEND_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Frames of one publishing WebSocket that were already read when the first of them arrived
 /// are proposed together, as one multi-message publish (`api/publish_ws.rs`): at most this
@@ -233,6 +239,8 @@ const _: () = {
     // frame may pass the byte bound by one frame).
     assert!(PUBLISH_WS_GROUP_FRAMES_MAX <= BATCH_MESSAGES_MAX);
     assert!(PUBLISH_WS_GROUP_FRAMES_MAX <= PUBLISH_WS_INFLIGHT_MAX);
+    // A whole group always fits in the connection's bytes in flight.
+    assert!(PUBLISH_WS_GROUP_BYTES_MAX + PUBLISH_BODY_BYTES_MAX <= PUBLISH_WS_INFLIGHT_BYTES_MAX);
     assert!(PUBLISH_WS_GROUP_BYTES_MAX + PUBLISH_BODY_BYTES_MAX <= BATCH_BODY_BYTES_MAX);
     assert!((PROPOSAL_BYTES_MAX as u64) < APPEND_ENTRIES_BYTES_MAX);
     // Replication reads stay under the AppendEntries bound, so splitting is the rare case.

@@ -95,6 +95,10 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         let Some(first) = rx.recv().await else { return };
         let mut batch = Batch::new(first);
         batch.take_queued(&mut rx);
+        batch.drop_abandoned();
+        if batch.writes.is_empty() {
+            continue;
+        }
         // Without a wait the next entry would hold only what waited, and the previous entry's
         // writers the one after: two groups alternating, each paying every node a whole
         // round. Waiting a little makes them one entry.
@@ -148,6 +152,13 @@ impl Batch {
     fn push(&mut self, next: Pending) {
         self.bytes += next.request.approx_bytes();
         self.writes.push(next);
+    }
+
+    /// Drops the writes whose callers gave up (they answered `raft_timeout`: may or may not
+    /// commit). Behind a stalled entry they would otherwise commit long after, a surprise to
+    /// a client that has moved on.
+    fn drop_abandoned(&mut self) {
+        self.writes.retain(|w| !w.reply.is_closed());
     }
 
     /// Adds what is queued already, without waiting.
@@ -374,6 +385,15 @@ mod tests {
             }
             _ => vec![],
         }
+    }
+
+    #[test]
+    fn writes_whose_callers_gave_up_are_not_proposed() {
+        let (writes, mut replies) = pending(vec![publish("t", &["a"], 1, false), publish("t", &["b"], 1, false)]);
+        let mut batch = Batch { writes, bytes: 0 };
+        drop(replies.remove(0));
+        batch.drop_abandoned();
+        assert_eq!(batch.writes.iter().map(|w| ids(&w.request)).collect::<Vec<_>>(), vec![vec!["b"]]);
     }
 
     #[test]

@@ -11,26 +11,27 @@ use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::Utf8Bytes;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::SplitSink;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use raft_store::PublishResult;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use super::input;
 use super::publish::{new_message_from, present, publish_messages, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
+use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
     PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX,
-    PUBLISH_WS_INFLIGHT_MAX,
+    PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_SEND_TIMEOUT,
 };
 
 #[derive(Deserialize)]
@@ -82,46 +83,64 @@ struct AckFrame<'a> {
     raft_index: u64,
 }
 
+/// An error answer: the error body with `type` and `ref`, the `ref` echoed byte for byte as
+/// the client wrote it (parsed into a number, a large one would come back changed).
 fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
-    let mut body = e.body();
-    body["type"] = json!("error");
-    body["ref"] = reference.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or(Value::Null);
-    body.to_string()
+    let body = e.body().to_string();
+    // The body is an object with fields (error, message, details): splice ours in front.
+    let fields = body.strip_prefix('{').unwrap_or("}");
+    let reference = reference.map_or("null", |r| r.get());
+    format!("{{\"type\":\"error\",\"ref\":{reference},{fields}")
 }
+
+/// How a publishing connection ends: the close frame the server sends.
+type CloseWith = (u16, &'static str);
 
 async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<String>(PUBLISH_WS_INFLIGHT_MAX);
+    let (close_tx, close_rx) = oneshot::channel::<CloseWith>();
+    // Cancelled when the writer stops (the client stopped reading, or the socket failed):
+    // reading more publishes whose answers cannot be sent would be pointless.
+    let writer_stopped = CancellationToken::new();
+    let stopped = writer_stopped.clone();
     // Answers of one committed batch arrive together: they go out in one write, not one
     // write (and syscall) per ack.
     let writer = tokio::spawn(async move {
+        let _stopped = stopped.drop_guard();
         while let Some(text) = rx.recv().await {
             // The batch's other publish tasks were woken with the one that sent this answer:
             // yielding once lets them queue their answers for this same write (measured: about
             // 2 acks per send without it).
             tokio::task::yield_now().await;
-            if sink.feed(Message::Text(text.into())).await.is_err() {
-                break;
-            }
-            let mut failed = false;
+            let mut texts = vec![text];
             while let Ok(more) = rx.try_recv() {
-                if sink.feed(Message::Text(more.into())).await.is_err() {
-                    failed = true;
-                    break;
-                }
+                texts.push(more);
             }
-            if failed || sink.flush().await.is_err() {
-                break;
+            if !send_answers(&mut sink, texts).await {
+                return;
             }
         }
+        // Every answer is out: say why the connection ends.
+        if let Ok((code, reason)) = close_rx.await {
+            let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
+            let _ = tokio::time::timeout(PUBLISH_WS_SEND_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
+        }
     });
-    // Bounds the publishes in flight on this connection: past it, reading waits.
+    // Bounds the publishes in flight on this connection, by count and by bytes: past either,
+    // reading waits.
     let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
+    let inflight_bytes = ByteBudget::new(PUBLISH_WS_INFLIGHT_BYTES_MAX);
     let mut open = true;
+    let mut close_with: CloseWith = (1000, "");
     while open {
         let first = tokio::select! {
             m = stream.next() => m,
-            _ = app.shutdown.cancelled() => break,
+            _ = app.shutdown.cancelled() => {
+                close_with = (1001, "server shutting down");
+                break;
+            }
+            _ = writer_stopped.cancelled() => break,
         };
         let mut group = match read_frame(first) {
             Read::Text(text) => vec![text],
@@ -133,6 +152,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             Read::Closed => break,
             Read::TooLarge => {
                 let _ = tx.send(too_large_frame()).await;
+                close_with = (1009, "publish frame too large");
                 break;
             }
         };
@@ -162,23 +182,50 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             }
         }
         // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
-        let Ok(permit) = permits.clone().acquire_many_owned(group.len() as u32).await else {
+        let room = async {
+            let count = permits.clone().acquire_many_owned(group.len() as u32).await;
+            let bytes = inflight_bytes.take(bytes).await;
+            (count, bytes)
+        };
+        let (Ok(count), bytes) = (tokio::select! {
+            room = room => room,
+            _ = app.shutdown.cancelled() => {
+                close_with = (1001, "server shutting down");
+                break;
+            }
+            _ = writer_stopped.cancelled() => break,
+        }) else {
             break;
         };
         if too_large {
             let _ = tx.send(too_large_frame()).await;
+            close_with = (1009, "publish frame too large");
         }
         let (app, tx, topic) = (app.clone(), tx.clone(), topic.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _room = (count, bytes);
             for answer in publish_group(&app, &topic, &group).await {
                 let _ = tx.send(answer).await;
             }
         });
     }
     drop(tx);
+    let _ = close_tx.send(close_with);
     // Answers still in flight are delivered before the socket closes.
     let _ = writer.await;
+}
+
+/// Sends answers in one write; false when the socket failed or the client read nothing for
+/// [`PUBLISH_WS_SEND_TIMEOUT`] (a client that stopped reading would hold every publish of the
+/// connection, and their frames, forever).
+async fn send_answers(sink: &mut SplitSink<WebSocket, Message>, texts: Vec<String>) -> bool {
+    let send = async {
+        for text in texts {
+            sink.feed(Message::Text(text.into())).await?;
+        }
+        sink.flush().await
+    };
+    matches!(tokio::time::timeout(PUBLISH_WS_SEND_TIMEOUT, send).await, Ok(Ok(())))
 }
 
 /// One read from the client's side of the socket.
@@ -268,7 +315,14 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
         return answers;
     }
     let where_ = format!("/topics/{topic}/publish");
-    match publish_messages(app, topic, messages, ids_generated, &where_).await {
+    // Checked per group, as every HTTP write is: a leader cut off from its quorum stays in
+    // office until it hears of a newer term, and its publishes would only time out, while
+    // `no_leader` sends the client on to the new leader at once.
+    let written = match app.require_leader(&where_) {
+        Ok(()) => publish_messages(app, topic, messages, ids_generated, &where_).await,
+        Err(e) => Err(e),
+    };
+    match written {
         Ok((results, raft_index)) => {
             for (a, result) in accepted.iter().zip(results) {
                 let reference = a.reference.as_deref();
