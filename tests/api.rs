@@ -719,3 +719,28 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
     })
     .await;
 }
+
+/// Messages published on one WebSocket are stored in the order sent, whatever their sizes:
+/// a large frame's checks take longer than a small one's, yet the small one sent after it
+/// gets the higher sequence (API.md §8).
+#[tokio::test]
+async fn publishes_on_one_websocket_are_stored_in_the_order_sent() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    let mut ws = publishing_socket(&l, "ordered").await;
+    let large = json!({"text": "y".repeat(300 * 1024), "list": (0..2000).collect::<Vec<u32>>()});
+    let count = 60u64;
+    for i in 0..count {
+        let payload = if i % 2 == 0 { large.clone() } else { json!(i) };
+        let frame = json!({"type": "publish", "ref": i, "id": format!("o{i}"), "payload": payload});
+        ws.send(Message::Text(frame.to_string().into())).await.unwrap();
+    }
+    let mut sequence_of = std::collections::BTreeMap::new();
+    while (sequence_of.len() as u64) < count {
+        let answer = next_frame(&mut ws).await;
+        assert_eq!(answer["type"], "ack", "{answer}");
+        sequence_of.insert(answer["ref"].as_u64().unwrap(), answer["sequence"].as_u64().unwrap());
+    }
+    let in_send_order: Vec<u64> = sequence_of.values().copied().collect();
+    assert_eq!(in_send_order, (1..=count).collect::<Vec<u64>>());
+}

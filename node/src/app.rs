@@ -56,6 +56,14 @@ pub struct App {
     pub read_pages: crate::budget::ByteBudget,
 }
 
+/// A write in the proposer's queue ([`App::queue_write`]), to be awaited with
+/// [`App::committed`].
+pub struct QueuedWrite {
+    answer: crate::propose::Answer,
+    started: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+}
+
 /// Who leads, as this node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leadership {
@@ -110,25 +118,50 @@ impl App {
 
     /// Proposes `request` and waits until it is committed on a majority and applied here.
     pub async fn write(&self, request: Request, path_and_query: &str) -> Result<Committed, ApiError> {
+        let queued = self.queue_write(request, path_and_query).await?;
+        self.committed(queued, path_and_query).await
+    }
+
+    /// The first half of [`App::write`]: puts `request` in the proposer's queue. Writes queued
+    /// one after another are applied in that order; [`App::committed`] waits for each.
+    pub async fn queue_write(&self, request: Request, path_and_query: &str) -> Result<QueuedWrite, ApiError> {
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(request)).await;
-        self.metrics.observe_commit(started.elapsed());
+        let deadline = started + WRITE_TIMEOUT;
+        match tokio::time::timeout_at(deadline, self.proposer.submit(request)).await {
+            Ok(Ok(answer)) => Ok(QueuedWrite { answer, started, deadline }),
+            Ok(Err(failure)) => Err(self.write_error(failure, path_and_query)),
+            Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
+        }
+    }
+
+    /// Waits until a queued write is committed on a majority and applied here, within
+    /// [`WRITE_TIMEOUT`] of its queueing.
+    pub async fn committed(&self, queued: QueuedWrite, path_and_query: &str) -> Result<Committed, ApiError> {
+        let result = tokio::time::timeout_at(queued.deadline, queued.answer).await;
+        self.metrics.observe_commit(queued.started.elapsed());
         match result {
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
-            Ok(Ok(committed)) => Ok(committed),
-            Ok(Err(ProposeFailure::ForwardToLeader { leader_id, leader_node })) => match (leader_id, leader_node) {
-                (Some(id), Some(node)) if id != self.id() => Err(ApiError::NotLeader {
+            Ok(Ok(Ok(committed))) => Ok(committed),
+            Ok(Ok(Err(failure))) => Err(self.write_error(failure, path_and_query)),
+            Ok(Err(_)) => Err(self.write_error(crate::propose::dropped(), path_and_query)),
+        }
+    }
+
+    fn write_error(&self, failure: ProposeFailure, path_and_query: &str) -> ApiError {
+        match failure {
+            ProposeFailure::ForwardToLeader { leader_id, leader_node } => match (leader_id, leader_node) {
+                (Some(id), Some(node)) if id != self.id() => ApiError::NotLeader {
                     leader_id: id,
                     leader_address: node.addr,
                     path_and_query: path_and_query.into(),
-                }),
+                },
                 // Leadership was lost while the entry was in flight: it may or may not
                 // commit under the next leader. The client retries with the same id.
-                (None, _) => Err(ApiError::NoLeader),
-                _ => Err(ApiError::NotCommitted("leadership changed before the entry committed".into())),
+                (None, _) => ApiError::NoLeader,
+                _ => ApiError::NotCommitted("leadership changed before the entry committed".into()),
             },
-            Ok(Err(ProposeFailure::Other(e))) => Err(ApiError::NotCommitted(e)),
-            Ok(Err(ProposeFailure::Fatal(e))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
+            ProposeFailure::Other(e) => ApiError::NotCommitted(e),
+            ProposeFailure::Fatal(e) => ApiError::Unavailable(format!("raft stopped: {e}")),
         }
     }
 

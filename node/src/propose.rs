@@ -71,14 +71,29 @@ impl Proposer {
 
     /// Proposes `request` and waits until it is committed and applied on this node.
     pub async fn propose(&self, request: Request) -> Result<Committed, ProposeFailure> {
+        self.submit(request).await?.await.map_err(|_| dropped())?
+    }
+
+    /// Puts `request` in the queue, waiting for room, and returns where its answer will come.
+    /// Writes submitted one after another (each awaited before the next) are proposed, and
+    /// so applied, in that order.
+    pub async fn submit(&self, request: Request) -> Result<Answer, ProposeFailure> {
         let (reply, answer) = oneshot::channel();
         let queued = self.queue_bytes.take(request.approx_bytes()).await;
         self.queue
             .send(Pending { request, reply, _queued: queued })
             .await
             .map_err(|_| ProposeFailure::Fatal("the proposer stopped".into()))?;
-        answer.await.map_err(|_| ProposeFailure::Fatal("the proposer dropped the write".into()))?
+        Ok(answer)
     }
+}
+
+/// Where a submitted write's outcome arrives.
+pub type Answer = oneshot::Receiver<Result<Committed, ProposeFailure>>;
+
+/// What a write whose answer never came failed with.
+pub fn dropped() -> ProposeFailure {
+    ProposeFailure::Fatal("the proposer dropped the write".into())
 }
 
 async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {

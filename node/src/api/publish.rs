@@ -15,13 +15,14 @@ use std::fmt;
 
 use super::input;
 use super::topics::active;
-use crate::app::{InflightGuard, SharedApp};
+use crate::app::{InflightGuard, QueuedWrite, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{
     BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX, PUBLISH_BODY_BYTES_MAX,
     WRITE_TIMEOUT,
 };
 use crate::metrics::Outcome;
+use crate::propose::Committed;
 
 /// A message as a client sends it.
 #[derive(Deserialize)]
@@ -364,7 +365,6 @@ pub async fn batch(
 /// Proposes `messages` as one publish to an active `topic` and waits for its commit; answers
 /// one result per message, in order, and the index of the log entry that carried them, and
 /// counts the outcomes in the metrics. `where_` is the path a redirect to the leader names.
-/// Shared by the batch endpoint and the publishing WebSocket's groups of frames.
 pub(super) async fn publish_messages(
     app: &SharedApp,
     topic: &str,
@@ -372,11 +372,36 @@ pub(super) async fn publish_messages(
     ids_generated: bool,
     where_: &str,
 ) -> Result<(Vec<PublishResult>, u64), ApiError> {
-    active(app, topic)?;
     let count = messages.len();
+    let queued = queue_publish(app, topic, messages, ids_generated, where_).await?;
+    publish_outcome(app, topic, count, app.committed(queued, where_).await)
+}
+
+/// The first half of [`publish_messages`]: puts the publish in the proposer's queue (see
+/// [`crate::app::App::queue_write`]). Shared with the publishing WebSocket, which queues its
+/// groups in the order their frames were read.
+pub(super) async fn queue_publish(
+    app: &SharedApp,
+    topic: &str,
+    messages: Vec<NewMessage>,
+    ids_generated: bool,
+    where_: &str,
+) -> Result<QueuedWrite, ApiError> {
+    active(app, topic)?;
+    let count = messages.len() as u64;
     let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
-    let written =
-        app.write(request, where_).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
+    app.queue_write(request, where_).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count))
+}
+
+/// The second half of [`publish_messages`]: one result per message of a publish of `count`,
+/// counted in the metrics.
+pub(super) fn publish_outcome(
+    app: &SharedApp,
+    topic: &str,
+    count: usize,
+    written: Result<Committed, ApiError>,
+) -> Result<(Vec<PublishResult>, u64), ApiError> {
+    let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count as u64))?;
     match written.response {
         SmResponse::Published { results } if results.len() == count => {
             let stored = results.iter().filter(|r| matches!(r, PublishResult::Stored { .. })).count() as u64;

@@ -6,6 +6,8 @@
 //! is committed on a majority and applied, or `{"type":"error","ref":R,"error":CODE,"message":M,...}`
 //! with the same codes and fields as the HTTP API. Same guarantees as `POST /messages`
 //! with `ack=committed`; only the leader accepts the upgrade (a follower answers 307 first).
+//! A connection's messages are stored in the order sent: one task per connection queues its
+//! groups of frames in turn, and only their commits are awaited together.
 
 use std::sync::Arc;
 
@@ -17,14 +19,14 @@ use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::SplitSink;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use raft_store::PublishResult;
+use raft_store::{NewMessage, PublishResult};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::input;
-use super::publish::{new_message_from, present, publish_messages, Incoming, MessageFields};
+use super::publish::{new_message_from, present, publish_outcome, queue_publish, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::budget::ByteBudget;
@@ -93,6 +95,12 @@ fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
     format!("{{\"type\":\"error\",\"ref\":{reference},{fields}")
 }
 
+/// Frames read together, with their share of the connection's room in flight.
+struct Group {
+    frames: Vec<Utf8Bytes>,
+    room: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
 /// How a publishing connection ends: the close frame the server sends.
 type CloseWith = (u16, &'static str);
 
@@ -131,6 +139,8 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     // reading waits.
     let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
     let inflight_bytes = ByteBudget::new(PUBLISH_WS_INFLIGHT_BYTES_MAX);
+    let (groups, to_propose) = mpsc::channel::<Group>(PUBLISH_WS_INFLIGHT_MAX);
+    tokio::spawn(propose_in_order(app.clone(), topic.clone(), to_propose, tx.clone()));
     let mut open = true;
     let mut close_with: CloseWith = (1000, "");
     while open {
@@ -201,14 +211,12 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             let _ = tx.send(too_large_frame()).await;
             close_with = (1009, "publish frame too large");
         }
-        let (app, tx, topic) = (app.clone(), tx.clone(), topic.clone());
-        tokio::spawn(async move {
-            let _room = (count, bytes);
-            for answer in publish_group(&app, &topic, &group).await {
-                let _ = tx.send(answer).await;
-            }
-        });
+        // Never waits: groups in flight are bounded by the permits above.
+        if groups.send(Group { frames: group, room: (count, bytes) }).await.is_err() {
+            break;
+        }
     }
+    drop(groups);
     drop(tx);
     let _ = close_tx.send(close_with);
     // Answers still in flight are delivered before the socket closes.
@@ -278,10 +286,18 @@ struct Accepted {
     id: String,
 }
 
-/// Answers a group of frames, one answer per frame in frame order. The frames that pass the
-/// checks are proposed as one multi-message publish, applied in frame order exactly as if each
-/// had been proposed alone: each gets its own sequence, or its own `duplicate_message_id`.
-async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Vec<String> {
+/// A group of frames after the checks at the edge.
+struct Checked {
+    /// One per frame, in frame order; filled in for the frames that failed the checks.
+    answers: Vec<String>,
+    /// The frames that passed, with their messages.
+    accepted: Vec<Accepted>,
+    messages: Vec<NewMessage>,
+    ids_generated: bool,
+}
+
+/// Checks each frame of a group as `POST /messages` checks its body.
+fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
     let mut answers = vec![String::new(); frames.len()];
     let mut accepted = Vec::with_capacity(frames.len());
     let mut messages = Vec::with_capacity(frames.len());
@@ -311,22 +327,67 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
             Err(e) => answers[at] = error_frame(frame.reference.as_deref(), &e),
         }
     }
-    if messages.is_empty() {
-        return answers;
-    }
+    Checked { answers, accepted, messages, ids_generated }
+}
+
+/// Proposes the groups of one connection in the order their frames were read, each group's
+/// valid frames as one multi-message publish (applied in frame order exactly as if each had
+/// been proposed alone: each gets its own sequence, or its own `duplicate_message_id`), and
+/// answers each frame once its group commits. Only the queueing is in turn: the commits of
+/// many groups are awaited at once. So a connection's messages are stored in the order sent.
+async fn propose_in_order(
+    app: SharedApp,
+    topic: String,
+    mut groups: mpsc::Receiver<Group>,
+    answers: mpsc::Sender<String>,
+) {
     let where_ = format!("/topics/{topic}/publish");
-    // Checked per group, as every HTTP write is: a leader cut off from its quorum stays in
-    // office until it hears of a newer term, and its publishes would only time out, while
-    // `no_leader` sends the client on to the new leader at once.
-    let written = match app.require_leader(&where_) {
-        Ok(()) => publish_messages(app, topic, messages, ids_generated, &where_).await,
-        Err(e) => Err(e),
-    };
-    match written {
+    while let Some(Group { frames, room }) = groups.recv().await {
+        let Checked { answers: mut out, accepted, messages, ids_generated } = check_group(&app, &frames);
+        drop(frames);
+        if messages.is_empty() {
+            send_all(&answers, out).await;
+            continue;
+        }
+        let count = messages.len();
+        // Checked per group, as every HTTP write is: a leader cut off from its quorum stays
+        // in office until it hears of a newer term, and its publishes would only time out,
+        // while `no_leader` sends the client on to the new leader at once.
+        let queued = match app.require_leader(&where_) {
+            Ok(()) => queue_publish(&app, &topic, messages, ids_generated, &where_).await,
+            Err(e) => Err(e),
+        };
+        let queued = match queued {
+            Ok(queued) => queued,
+            Err(e) => {
+                answer_group(&mut out, &accepted, Err(e));
+                send_all(&answers, out).await;
+                continue;
+            }
+        };
+        let (app, topic, where_, answers) = (app.clone(), topic.clone(), where_.clone(), answers.clone());
+        tokio::spawn(async move {
+            let _room = room;
+            let outcome = publish_outcome(&app, &topic, count, app.committed(queued, &where_).await);
+            answer_group(&mut out, &accepted, outcome);
+            send_all(&answers, out).await;
+        });
+    }
+}
+
+async fn send_all(answers: &mpsc::Sender<String>, out: Vec<String>) {
+    for answer in out {
+        let _ = answers.send(answer).await;
+    }
+}
+
+/// Fills in the answers of a group's accepted frames from the outcome of their publish.
+fn answer_group(out: &mut [String], accepted: &[Accepted], outcome: Result<(Vec<PublishResult>, u64), ApiError>) {
+    match outcome {
         Ok((results, raft_index)) => {
             for (a, result) in accepted.iter().zip(results) {
                 let reference = a.reference.as_deref();
-                answers[a.at] = match result {
+                out[a.at] = match result {
                     PublishResult::Stored { sequence } => {
                         let ack = AckFrame { kind: "ack", reference, id: &a.id, sequence, raft_index };
                         // Strings and integers only: serializing cannot fail.
@@ -343,10 +404,9 @@ async fn publish_group(app: &SharedApp, topic: &str, frames: &[Utf8Bytes]) -> Ve
             }
         }
         Err(e) => {
-            for a in &accepted {
-                answers[a.at] = error_frame(a.reference.as_deref(), &e);
+            for a in accepted {
+                out[a.at] = error_frame(a.reference.as_deref(), &e);
             }
         }
     }
-    answers
 }
