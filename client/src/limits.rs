@@ -80,6 +80,11 @@ pub const SUBSCRIPTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// reading) before it drops the socket without one.
 pub const PUBLISH_WS_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The least time a [`crate::Publisher`] waits for a publish's answer, whatever the request
+/// timeout: the server answers within its write timeout (5 s, API.md §1), and a shorter
+/// request timeout would take an ordinary slow commit for a dead connection and close it.
+pub const PUBLISH_WS_ANSWER_TIMEOUT_MIN: Duration = Duration::from_secs(10);
+
 /// Publishes in flight on one [`crate::Publisher`] connection: the server's own limit
 /// (API.md §8). Past it the server stops reading the socket, so more would only wait in
 /// socket buffers where no timeout sees them; the publisher makes callers wait for a slot.
@@ -134,6 +139,7 @@ mod tests {
     fn request_timeout_outlasts_the_servers_write_timeout() {
         // API.md §1: the server answers 504 raft_timeout after 5 s.
         assert!(REQUEST_TIMEOUT_DEFAULT > Duration::from_secs(5));
+        assert!(PUBLISH_WS_ANSWER_TIMEOUT_MIN > Duration::from_secs(5));
     }
 
     #[test]

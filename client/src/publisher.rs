@@ -160,12 +160,14 @@ impl Publisher {
     ///   `payload_too_large`, `raft_timeout`, `not_committed`, `not_leader`, ...), with the
     ///   status the HTTP API gives that code; a `not_leader` answer updates the client's
     ///   leader cache, so the next [`Client::publisher`] goes to the new leader, and closes
-    ///   this publisher (publishes still in flight on it fail as the connection was lost);
+    ///   this publisher to new publishes (those still in flight on it get their own answers,
+    ///   then the connection closes);
     /// - [`Error::NoLeader`] for `no_leader`, which closes this publisher too;
     /// - [`Error::Unreachable`] when the connection is gone (before or while waiting): the
     ///   message may or may not have been committed, and this publisher is done;
-    /// - [`Error::Timeout`] when no answer came within the client's request timeout (longer
-    ///   than the server's write timeout): the connection is presumed dead and closed;
+    /// - [`Error::Timeout`] when no answer (or no free slot) came within the client's request
+    ///   timeout, at least [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`] (longer than the server's
+    ///   write timeout): the connection is presumed dead and closed;
     /// - [`Error::InvalidArgument`] for an id or a frame the server would refuse (checked
     ///   locally; a frame over [`limits::PUBLISH_WS_FRAME_BYTES_MAX`] would make the server
     ///   drop the connection).
@@ -181,23 +183,29 @@ impl Publisher {
                 frame.len()
             )));
         }
-        // The pending map closes the semaphore when the connection goes, waking this.
-        let slot = match shared.slots.clone().acquire_owned().await {
-            Ok(slot) => slot,
-            Err(_) => return Err(self.lost()),
+        let started = Instant::now();
+        let timeout = shared.client.config().request_timeout.max(limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN);
+        // The pending map closes the semaphore when the connection goes, waking this. Bounded
+        // too: when callers give up on their publishes (dropping them), nothing else would
+        // notice a connection that stopped answering, and every slot would stay taken.
+        let slot = match tokio::time::timeout(timeout, shared.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(_)) => return Err(self.lost()),
+            Err(_) => {
+                shared.pending.close(&format!("no publish slot freed within {timeout:?}"));
+                return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
+            }
         };
         let (reply, answer) = oneshot::channel();
         if shared.pending.insert(reference, Waiter { reply, _slot: slot }).is_err() {
             return Err(self.lost());
         }
-        let started = Instant::now();
         // No await between registering and queueing, so a caller giving up cannot leave a
         // waiter whose frame was never sent. The queue has room: every frame in it holds a slot.
         if shared.frames.try_send(frame).is_err() {
             shared.pending.close("the connection's writer stopped");
             return Err(self.lost());
         }
-        let timeout = shared.client.config().request_timeout;
         let answer = match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(Ok(answer))) => answer,
             Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(self.lost()),
@@ -272,10 +280,11 @@ impl Publisher {
             Verdict::Retry { .. } | Verdict::Done => {}
         }
         // A publisher is bound to the leader. Once its node says it is not (a deposed leader
-        // keeps the socket open), every later publish would be refused the same way: close it,
-        // so `is_closed` tells the caller to open a new one, which finds the new leader.
+        // keeps the socket open), every later publish would be refused the same way: take no
+        // more, so `is_closed` tells the caller to open a new one, which finds the new leader.
+        // The publishes still in flight get their own answers (some are acks) before it closes.
         if matches!(error.code, ErrorCode::NotLeader | ErrorCode::NoLeader) {
-            self.shared.pending.close(&format!("{} is no longer the leader ({})", self.shared.node, error.code));
+            self.shared.pending.drain(&format!("{} is no longer the leader ({})", self.shared.node, error.code));
         }
         if error.code == ErrorCode::NoLeader {
             return Error::NoLeader { attempts: 1, elapsed };

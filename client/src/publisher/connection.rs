@@ -48,6 +48,9 @@ struct State {
     waiting: HashMap<u64, Waiter>,
     /// Set once, when the connection is gone.
     closed: Option<Lost>,
+    /// Set once no new publish is taken, the connection staying open for the answers still
+    /// due ([`Pending::drain`]).
+    draining: Option<Lost>,
 }
 
 impl Pending {
@@ -64,7 +67,7 @@ impl Pending {
     /// the same lock `close` drains with, so no waiter is ever left behind).
     pub(super) fn insert(&self, reference: u64, waiter: Waiter) -> Result<(), Waiter> {
         let mut state = self.lock();
-        if state.closed.is_some() {
+        if state.closed.is_some() || state.draining.is_some() {
             return Err(waiter);
         }
         state.waiting.insert(reference, waiter);
@@ -73,7 +76,15 @@ impl Pending {
 
     /// Hands `answer` to the waiter of `reference`; false when there is none.
     pub(super) fn resolve(&self, reference: u64, answer: Answer) -> bool {
-        let waiter = self.lock().waiting.remove(&reference);
+        let (waiter, drained) = {
+            let mut state = self.lock();
+            let waiter = state.waiting.remove(&reference);
+            let drained = state.waiting.is_empty().then(|| state.draining.clone()).flatten();
+            (waiter, drained)
+        };
+        if let Some(reason) = drained {
+            self.close(&reason);
+        }
         match waiter {
             Some(waiter) => {
                 // The publish may have been given up (its future dropped); nothing to do then.
@@ -99,6 +110,22 @@ impl Pending {
         }
     }
 
+    /// Takes no new publish, but keeps the connection open until the answers still due have
+    /// come (or a publish's timeout closes it): a node that is no longer the leader still
+    /// answers what it took, and some of those answers are acks. Then closes with `reason`.
+    pub(super) fn drain(&self, reason: &str) {
+        let empty = {
+            let mut state = self.lock();
+            state.draining.get_or_insert_with(|| Arc::from(reason));
+            state.waiting.is_empty()
+        };
+        // Publishes waiting for a slot fail now, as new ones do.
+        self.slots.close();
+        if empty {
+            self.close(reason);
+        }
+    }
+
     /// Resolves once the map is closed.
     async fn closed(&self) {
         let mut gone = self.gone.subscribe();
@@ -106,9 +133,10 @@ impl Pending {
         let _ = gone.wait_for(|gone| *gone).await;
     }
 
-    /// Why the connection is gone, once it is.
+    /// Why the connection takes no new publish, once it does not (closed, or draining).
     pub(super) fn closed_reason(&self) -> Option<Lost> {
-        self.lock().closed.clone()
+        let state = self.lock();
+        state.closed.clone().or_else(|| state.draining.clone())
     }
 
     /// Publishes waiting for an answer.

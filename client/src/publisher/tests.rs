@@ -159,6 +159,50 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
     assert!(publisher.is_closed());
 }
 
+/// A node that stops leading still answers what it took, acks among them: the publisher
+/// takes no new publish after `not_leader`, but the ones in flight get their own answers,
+/// and the connection closes after the last.
+#[tokio::test]
+async fn after_not_leader_the_publishes_in_flight_still_get_their_answers() {
+    let (ended, ends) = tokio::sync::oneshot::channel::<()>();
+    let ended = Arc::new(std::sync::Mutex::new(Some(ended)));
+    let node = leader(move |mut socket| {
+        let ended = ended.clone();
+        async move {
+            let mut frames = Vec::new();
+            while frames.len() < 3 {
+                match next_json(&mut socket).await {
+                    Some(frame) => frames.push(frame),
+                    None => return,
+                }
+            }
+            let refused = json!({"type": "error", "ref": frames[0]["ref"], "error": "not_leader",
+                                 "message": "moved", "leader_address": "127.0.0.1:9", "details": {}});
+            send(&mut socket, refused.to_string()).await;
+            // The answers still due come a little later, as commits do.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            send(&mut socket, publish_ack(&frames[1], 7)).await;
+            send(&mut socket, publish_ack(&frames[2], 8)).await;
+            while next_json(&mut socket).await.is_some() {}
+            if let Some(ended) = ended.lock().unwrap().take() {
+                let _ = ended.send(());
+            }
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let (refused, second, third) =
+        tokio::join!(publisher.publish(message("a")), publisher.publish(message("b")), publisher.publish(message("c")));
+    assert!(matches!(&refused, Err(Error::Api(e)) if e.code == ErrorCode::NotLeader), "{refused:?}");
+    assert_eq!(second.expect("acked after the refusal").sequence, Some(7));
+    assert_eq!(third.expect("acked after the refusal").sequence, Some(8));
+    assert!(publisher.is_closed());
+    assert!(matches!(publisher.publish(message("d")).await, Err(Error::Unreachable { .. })));
+    let closed = tokio::time::timeout(Duration::from_secs(5), ends).await;
+    assert!(matches!(closed, Ok(Ok(()))), "the connection stayed open after its last answer");
+}
+
 #[tokio::test]
 async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
     // Drops the socket with both publishes unanswered.
