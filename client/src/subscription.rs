@@ -349,7 +349,7 @@ impl Client {
             };
             let elapsed = started.elapsed();
             if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
-                return Err(failure.into_error(attempts, elapsed));
+                return Err(failure.exhausted(attempts, elapsed));
             }
             if backoff {
                 tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng())).await;
@@ -378,6 +378,25 @@ impl Refusal {
             Refusal::Api(api) => Error::Api(api),
             Refusal::Transport { timeout: true, .. } => Error::Timeout { attempts, elapsed },
             Refusal::Transport { error, .. } => Error::Unreachable { attempts, source: error },
+        }
+    }
+
+    /// The error of the last attempt when the retries ran out. A refusal that a lagging node
+    /// gives (`topic_not_found`, `invalid_cursor`) is the cluster's answer only when every node
+    /// gave it, and that case returns before: from some nodes only, with the others
+    /// unreachable, it would tell the application that a live topic is gone.
+    fn exhausted(self, attempts: u32, elapsed: Duration) -> Error {
+        match self {
+            Refusal::Api(api) if may_lag_behind(&api) => Error::Unreachable {
+                attempts,
+                source: format!(
+                    "no node served the subscription: the ones that answered may be behind ({}), \
+                     the others were unreachable",
+                    api.code
+                )
+                .into(),
+            },
+            other => other.into_error(attempts, elapsed),
         }
     }
 }
@@ -518,7 +537,7 @@ impl Worker {
                     error: "connections dropped before the subscription was confirmed".into(),
                     timeout: false,
                 });
-                return Err(last.into_error(self.failures, started.elapsed()));
+                return Err(last.exhausted(self.failures, started.elapsed()));
             }
             self.failures += 1;
             let wait = config.retry.backoff(self.failures, &mut rand::thread_rng());

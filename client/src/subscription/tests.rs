@@ -420,6 +420,45 @@ async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_n
     assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
 }
 
+/// A node still behind denies the topic; the only node that would serve it is down. Running
+/// out of retries on that denial is not the cluster saying the topic is gone: neither at the
+/// start, nor on a reconnect, where it would end the subscription with `TopicDeleted`.
+#[tokio::test]
+async fn a_topic_denied_only_by_a_lagging_node_while_the_others_are_down_is_not_deleted() {
+    let lagging = serve(Router::new().route(
+        "/topics/{name}/subscribe",
+        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
+    ))
+    .await;
+    let dead = crate::test_support::dead_address().await;
+    // Both orders of the nodes: in one of them the last attempt is the denial.
+    for nodes in [[&lagging, &dead], [&dead, &lagging]] {
+        let client = fast_client(&nodes.map(String::as_str));
+        let sub = client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await;
+        assert!(matches!(&sub, Err(e) if e.is_unreachable()), "{:?}", sub.err());
+    }
+
+    // Connected to the up-to-date node, which then goes away.
+    for up_to_date_first in [true, false] {
+        let up_to_date = ws_node(Shared::default(), |n, mut socket, _| async move {
+            if n == 0 {
+                send(&mut socket, sub_frame(0)).await;
+                send(&mut socket, msg(1)).await;
+            }
+        })
+        .await;
+        let nodes = if up_to_date_first { [&up_to_date, &lagging] } else { [&lagging, &up_to_date] };
+        let client = fast_client(&nodes.map(String::as_str));
+        let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let events = collect(sub, false).await;
+        assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
+        assert!(matches!(events.last(), Some(Err(e)) if e.is_unreachable()), "{:?}", sequences(&events));
+    }
+}
+
 #[tokio::test]
 async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted() {
     // The first connection serves a message and drops; then the node answers 404
