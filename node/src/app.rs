@@ -45,6 +45,9 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// Open subscriptions on this node.
     pub subscriptions: AtomicUsize,
+    /// Told when the last open subscription ends (a stopping node waits for it before its
+    /// last flush of acks).
+    pub subscriptions_ended: tokio::sync::Notify,
     /// Subscribers connected to this node: (topic, subscriber id) → connections.
     pub connected: Mutex<std::collections::HashMap<(String, String), usize>>,
     /// Payload bytes of `ack=appended` publishes answered and not yet applied: a 202 does not

@@ -104,6 +104,7 @@ where
         inflight: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
         subscriptions: AtomicUsize::new(0),
+        subscriptions_ended: tokio::sync::Notify::new(),
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
@@ -141,6 +142,20 @@ where
         }
     };
     serve::serve(listener, api::router(app.clone()), signal).await;
+    // The server does not wait for upgraded connections: wait for the subscriptions to close,
+    // so that no ack is recorded after the last flush below.
+    let closed = async {
+        loop {
+            let ended = app.subscriptions_ended.notified();
+            if app.subscription_count() == 0 {
+                break;
+            }
+            ended.await;
+        }
+    };
+    if tokio::time::timeout(limits::SHUTDOWN_SUBSCRIPTIONS_TIMEOUT, closed).await.is_err() {
+        tracing::warn!(open = app.subscription_count(), "subscriptions still open at shutdown");
+    }
     // Subscriptions are closed: record the acks they sent since the last flush (up to
     // ACK_FLUSH_INTERVAL of them) while Raft still runs, or a restarted subscriber with
     // `cursor=acked` would get them again.

@@ -175,11 +175,17 @@ pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 
 /// How often coalesced acks are written through Raft.
 pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a stopping node waits for its subscriptions to close (each sends its close frame
+/// within its ping interval at most) before its last flush of acks.
+pub const SHUTDOWN_SUBSCRIPTIONS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a stopping node tries to record the acks of its last flush interval.
 pub const SHUTDOWN_ACK_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// (topic, subscriber) acks held between flushes; new pairs past this wait for the next flush.
-pub const ACKS_PENDING_MAX: usize = raft_store::limits::ACKS_PER_COMMAND_MAX;
+/// (topic, subscriber) acks held between flushes: one per subscription the node may serve,
+/// so an ack is dropped only when acks of ended subscriptions pile up behind a long outage.
+/// A flush writes them in commands of [`ACKS_PER_COMMAND_MAX`].
+pub const ACKS_PENDING_MAX: usize = SUBSCRIPTIONS_MAX;
+pub use raft_store::limits::ACKS_PER_COMMAND_MAX;
 
 /// How often the leader proposes a `Tick` so `retention_hours` trims quiet topics.
 pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@ use raft_store::command::AckRecord;
 use raft_store::Request;
 
 use crate::app::App;
-use crate::limits::{ACKS_PENDING_MAX, ACK_FLUSH_INTERVAL};
+use crate::limits::{ACKS_PENDING_MAX, ACKS_PER_COMMAND_MAX, ACK_FLUSH_INTERVAL};
 
 #[derive(Default)]
 pub struct AckCoalescer {
@@ -27,7 +27,9 @@ impl AckCoalescer {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let key = (topic.to_string(), subscriber_id.to_string());
         if pending.len() >= ACKS_PENDING_MAX && !pending.contains_key(&key) {
-            // Full: this pair is recorded with its next ack after a flush.
+            // Full (acks of ended subscriptions kept through a long outage): this one is lost;
+            // the subscriber sends its latest ack again when it reconnects.
+            tracing::warn!(topic, subscriber_id, sequence, "ack dropped: {ACKS_PENDING_MAX} acks wait to be recorded");
             return;
         }
         pending.insert(key, sequence);
@@ -38,7 +40,7 @@ impl AckCoalescer {
     }
 
     /// Puts back acks that failed to commit, unless newer ones arrived meanwhile.
-    fn restore(&self, acks: HashMap<(String, String), u64>) {
+    fn restore(&self, acks: impl IntoIterator<Item = ((String, String), u64)>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         for (key, sequence) in acks {
             pending.entry(key).or_insert(sequence);
@@ -61,31 +63,46 @@ pub async fn run_flusher(app: Weak<App>) {
     }
 }
 
-/// Writes the acks recorded since the last flush through Raft; puts them back when they could
-/// not be committed.
+/// Writes the acks recorded since the last flush through Raft, in commands of at most
+/// [`ACKS_PER_COMMAND_MAX`]; puts back those that could not be committed.
 pub async fn flush(app: &App) {
     let _flushing = app.acks.flushing.lock().await;
-    let acks = app.acks.take();
-    if acks.is_empty() {
-        return;
-    }
-    let records = acks
-        .iter()
-        .map(|((topic, subscriber_id), &sequence)| AckRecord {
-            topic: topic.clone(),
-            subscriber_id: subscriber_id.clone(),
-            sequence,
-        })
-        .collect();
-    if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
-        tracing::debug!(error = %e, count = acks.len(), "acks not recorded yet; retrying");
-        app.acks.restore(acks);
+    let mut acks: Vec<_> = app.acks.take().into_iter().collect();
+    while !acks.is_empty() {
+        let rest = acks.split_off(acks.len().min(ACKS_PER_COMMAND_MAX));
+        let records = acks
+            .iter()
+            .map(|((topic, subscriber_id), sequence)| AckRecord {
+                topic: topic.clone(),
+                subscriber_id: subscriber_id.clone(),
+                sequence: *sequence,
+            })
+            .collect();
+        if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
+            tracing::debug!(error = %e, count = acks.len() + rest.len(), "acks not recorded yet; retrying");
+            app.acks.restore(acks.into_iter().chain(rest));
+            return;
+        }
+        acks = rest;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_ack_per_subscription_the_node_may_serve_is_held() {
+        let c = AckCoalescer::default();
+        for i in 0..ACKS_PENDING_MAX + 1 {
+            c.record("t", &i.to_string(), 1);
+        }
+        c.record("t", "0", 2);
+        let taken = c.take();
+        assert_eq!(taken.len(), ACKS_PENDING_MAX);
+        assert_eq!(taken[&("t".to_string(), "0".to_string())], 2, "a held pair still takes newer acks");
+        assert!(ACKS_PENDING_MAX >= crate::limits::SUBSCRIPTIONS_MAX);
+    }
 
     #[test]
     fn latest_ack_wins_and_restore_does_not_overwrite_newer() {

@@ -69,8 +69,14 @@ impl FrameCache {
             evict_another(by_topic, total, topic_id);
         }
         let ring = by_topic.entry(topic_id).or_default();
-        if ring.frames.is_empty() || *first_seq > ring.end() || *first_seq < ring.first {
-            // Not contiguous with what is cached: start the ring over at these frames.
+        if !ring.frames.is_empty() && *first_seq < ring.first {
+            // Older than the ring: a subscriber replaying from far behind. Moving the ring back
+            // to it would make every subscriber at the tail miss and read storage, page after
+            // page, as the replay and the tail take turns; it reads storage alone instead.
+            return;
+        }
+        if ring.frames.is_empty() || *first_seq > ring.end() {
+            // Past the ring's end: start it over at these frames.
             *total -= ring.bytes;
             *ring = Ring { first: *first_seq, frames: VecDeque::new(), bytes: 0 };
         }
@@ -154,6 +160,15 @@ mod tests {
         c.put(1, &frames(13..=many + 12));
         assert!(c.get(1, 12, 1).is_empty(), "oldest frames were evicted");
         assert_eq!(c.get(1, many + 11, 10).len(), 1);
+    }
+
+    #[test]
+    fn pages_older_than_the_ring_never_move_it_back() {
+        let c = FrameCache::default();
+        c.put(1, &frames(100..=110));
+        c.put(1, &frames(1..=5));
+        assert!(c.get(1, 0, 10).is_empty(), "the replay's page was not cached");
+        assert_eq!(c.get(1, 104, 10).len(), 6, "the tail's frames stayed");
     }
 
     #[test]

@@ -75,7 +75,9 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.app.subscriptions.fetch_sub(1, Ordering::Relaxed);
+        if self.app.subscriptions.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.app.subscriptions_ended.notify_waiters();
+        }
         let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = connected.get_mut(&self.key) {
             *n -= 1;
@@ -87,7 +89,6 @@ impl Drop for Registration {
 }
 
 pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registration: Registration) {
-    let _registration = registration;
     let (mut sink, stream) = socket.split();
     let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
     let client_gone = Arc::new(Notify::new());
@@ -102,6 +103,10 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
 
     let end = serve(&app, &mut sink, &session, &heard, &client_gone).await;
     listener.abort();
+    // No ack is recorded past this point: a stopping node, which waits for every session to
+    // get here, can then record the last of them (lib.rs).
+    let _ = listener.await;
+    drop(registration);
     if let End::Close(code, reason) = end {
         let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
         let _ = tokio::time::timeout(SUBSCRIBE_PING_INTERVAL, sink.send(Message::Close(Some(frame)))).await;
@@ -246,6 +251,10 @@ async fn serve_inner(
                 // pinged, and cut off as silent once the delivery lets up.
                 if ping.tick().now_or_never().is_some() {
                     keep_alive(sink, heard).await?;
+                }
+                // Nor does it see a shutdown there.
+                if app.shutdown.is_cancelled() {
+                    return Ok(End::Close(1001, "server shutting down"));
                 }
                 continue;
             }
