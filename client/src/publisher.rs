@@ -190,7 +190,7 @@ impl Publisher {
         // notice a connection that stopped answering, and every slot would stay taken.
         let slot = match tokio::time::timeout(timeout, shared.slots.clone().acquire_owned()).await {
             Ok(Ok(slot)) => slot,
-            Ok(Err(_)) => return Err(self.lost()),
+            Ok(Err(_)) => return Err(self.lost(&id)),
             Err(_) => {
                 shared.pending.close(&format!("no publish slot freed within {timeout:?}"));
                 return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
@@ -198,17 +198,17 @@ impl Publisher {
         };
         let (reply, answer) = oneshot::channel();
         if shared.pending.insert(reference, Waiter { reply, _slot: slot }).is_err() {
-            return Err(self.lost());
+            return Err(self.lost(&id));
         }
         // No await between registering and queueing, so a caller giving up cannot leave a
         // waiter whose frame was never sent. The queue has room: every frame in it holds a slot.
         if shared.frames.try_send(frame).is_err() {
             shared.pending.close("the connection's writer stopped");
-            return Err(self.lost());
+            return Err(self.lost(&id));
         }
         let answer = match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(Ok(answer))) => answer,
-            Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(self.lost()),
+            Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(self.lost(&id)),
             Err(_) => {
                 // The server answers within its write timeout, which this outlasts: the
                 // connection is half-open or the node stuck. Fail everything waiting on it.
@@ -256,12 +256,15 @@ impl Publisher {
     }
 
     /// The error of a publish that cannot be answered because the connection is gone.
-    fn lost(&self) -> Error {
+    /// Names the message's id, which may have been generated: publishing it again under the
+    /// same id is what makes the retry safe.
+    fn lost(&self, id: &str) -> Error {
         let reason = self.shared.pending.closed_reason().unwrap_or_else(|| "connection closed".into());
         Error::Unreachable {
             attempts: 1,
             source: format!(
-                "publish connection {} lost ({reason}); an unanswered publish may or may not have committed",
+                "publish connection {} lost ({reason}); message {id:?}, if it was sent, may or may not have \
+                 committed: publish it again with this id",
                 self.url()
             )
             .into(),

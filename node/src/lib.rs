@@ -185,11 +185,32 @@ async fn core_stopped(raft: &Raft) {
     while metrics.changed().await.is_ok() {}
 }
 
+/// The membership a cluster runs with is the one in its log, set when it was first started;
+/// `--peers` only names it then. A list changed since is not applied: say so, rather than let
+/// an operator believe a node was added, removed or moved.
+fn warn_if_peers_differ(config: &Config, raft: &Raft) {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    let membership = metrics.membership_config.membership();
+    let stored: BTreeMap<u64, String> = membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
+    if !stored.is_empty() && stored != config.peers {
+        tracing::warn!(
+            stored = ?stored, given = ?config.peers,
+            "--peers differs from the membership in this node's log, which is what the cluster runs with; \
+             --peers is read only when a cluster is first started"
+        );
+    }
+}
+
 /// First start of a fresh cluster: the node with the smallest id initializes it with every
 /// voter of `--peers`. A node that already has a log or a vote is never re-initialized.
 async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     let initialized = raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
-    if initialized || !config.is_bootstrapper() {
+    if initialized {
+        warn_if_peers_differ(config, raft);
+        return Ok(());
+    }
+    if !config.is_bootstrapper() {
         return Ok(());
     }
     let members: BTreeMap<u64, Node> =

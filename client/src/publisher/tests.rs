@@ -210,8 +210,10 @@ async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
     let client = fast_client(&[&node]);
     let publisher = open(&client).await;
     let outcomes = join_all([publisher.publish(message("a")), publisher.publish(message("b"))]).await;
-    for outcome in outcomes {
+    for (outcome, id) in outcomes.into_iter().zip(["a", "b"]) {
         assert!(matches!(&outcome, Err(e @ Error::Unreachable { .. }) if e.is_unreachable()), "{outcome:?}");
+        // The id to publish it again with, generated or not.
+        assert!(outcome.unwrap_err().to_string().contains(&format!("message {id:?}")));
     }
     assert_eq!(received.load(Ordering::SeqCst), 2);
     assert!(publisher.is_closed());
