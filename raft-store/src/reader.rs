@@ -63,9 +63,16 @@ pub struct StoreReader {
     pub(crate) db: Arc<DB>,
     pub(crate) topics: Arc<RwLock<Topics>>,
     pub(crate) feeds: Arc<Feeds>,
+    pub(crate) installing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StoreReader {
+    /// True while a snapshot install rewrites the state: a recorded cursor may be missing
+    /// then, and topics and messages may be older or fewer than what this node had.
+    pub fn installing(&self) -> bool {
+        self.installing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// A topic's record, including deleted ones (check `deleted`).
     pub fn topic(&self, name: &str) -> Option<TopicRecord> {
         self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).cloned()

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -37,6 +38,8 @@ pub struct StateMachine {
     /// All topic records; shared with readers, changed only by `apply` and installs.
     topics: Arc<RwLock<Topics>>,
     feeds: Arc<Feeds>,
+    /// True while a snapshot install rewrites the tables readers read (shared with them).
+    installing: Arc<AtomicBool>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshots: SnapshotFiles,
@@ -79,6 +82,7 @@ impl StateMachine {
             db,
             topics: Arc::new(RwLock::new(Topics::default())),
             feeds,
+            installing: Arc::new(AtomicBool::new(false)),
             last_applied: None,
             membership: StoredMembership::default(),
             snapshots,
@@ -89,7 +93,12 @@ impl StateMachine {
 
     /// The read side, sharing this state machine's topics and feeds.
     pub fn reader(&self) -> StoreReader {
-        StoreReader { db: self.db.clone(), topics: self.topics.clone(), feeds: self.feeds.clone() }
+        StoreReader {
+            db: self.db.clone(),
+            topics: self.topics.clone(),
+            feeds: self.feeds.clone(),
+            installing: self.installing.clone(),
+        }
     }
 
     /// (Re)loads the in-memory part of the state from RocksDB.
@@ -433,9 +442,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
         let files = self.snapshots.clone();
+        let installing = self.installing.clone();
         // All of it off the runtime's threads: copying and checking a snapshot of gigabytes
         // takes seconds.
-        files
+        let installed = files
             .blocking(move || {
                 snapshot::copy_checked(&mut source, &part)?;
                 // From the file's name to its install and the removal of older files, one
@@ -445,18 +455,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 std::fs::rename(&part, &path)?;
                 // The pending-install marker names the file: its name must be durable first.
                 sync_dir(&guard_files.dir)?;
+                // Until the tables and the topic map are whole again (cleared below).
+                installing.store(true, Ordering::SeqCst);
                 snapshot::install(&db, &path, &meta_owned)?;
                 guard_files.remove_other_files(Some(&meta_owned.snapshot_id))
             })
             .await
-            .map_err(sm_write_err)?;
-
-        {
+            .map_err(sm_write_err);
+        let loaded = installed.and_then(|()| {
             // Readers must not see a half-loaded topic map: hold the feeds lock as apply does.
             let feeds = self.feeds.clone();
             let _watchers = feeds.lock();
-            self.load().map_err(read_err)?;
-        }
+            self.load().map_err(read_err)
+        });
+        // A failed install stops the node (openraft takes a storage error as fatal).
+        self.installing.store(false, Ordering::SeqCst);
+        loaded?;
         let topics = self.topics.read().unwrap_or_else(|e| e.into_inner()).clone();
         self.feeds.notify_all(&topics);
         tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");

@@ -157,7 +157,9 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
 
     let mut follower = raft_store::open(follower_dir.path()).unwrap();
     follower.state_machine.apply([entry(1, create("stale"))]).await.unwrap();
+    assert!(!follower.reader.installing());
     follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert!(!follower.reader.installing(), "readers are let back once the install is done");
     assert_eq!(dump(&follower.reader), dump(&leader.reader), "the follower now holds exactly the leader's state");
     assert!(follower.reader.topic("stale").is_none());
     let current = follower.state_machine.get_current_snapshot().await.unwrap().unwrap();
