@@ -98,8 +98,11 @@ pub const READ_LIMIT_MAX: usize = raft_store::limits::READ_MESSAGES_MAX;
 /// Longest long-poll (`wait_ms`) a reader may ask for.
 pub const READ_WAIT_MS_MAX: u64 = 30_000;
 
-/// Messages a subscription reads from storage per page: bounds its memory.
+/// Messages a subscription reads from storage per page, and payload bytes after which the
+/// page stops (the message that crosses it included): bound its memory, and what it reserves
+/// of [`READ_PAGES_BYTES_MAX`] while it reads.
 pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
+pub const SUBSCRIBE_PAGE_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 /// Bytes of message pages read from storage that subscriptions and `GET /messages` hold at
 /// once on a node while they send them. A lagging subscriber holds its page until its reader
@@ -118,9 +121,16 @@ pub const FRAME_FIELDS_BYTES_MAX: usize = 6 * ID_CHARS_MAX + TOPIC_NAME_CHARS_MA
 /// What one page read from storage may hold at most, reserved before the read: payloads up to
 /// the read's byte bound plus the message that crosses it, with each message's fields; twice,
 /// since the stored messages and the response built from them live together for a moment.
-/// The reservation shrinks to the response's size once it is built.
+/// The reservation shrinks to the response's size once it is built. A `GET /messages` page
+/// (up to 1,000 messages, 4 MiB of payloads) reserves about 14 MiB, a subscription's page
+/// (256 messages, 1 MiB) about 5 MiB.
+pub const fn read_page_bytes_reserved(payload_bytes_max: usize, messages_max: usize) -> usize {
+    2 * (payload_bytes_max + PAYLOAD_BYTES_MAX + messages_max * FRAME_FIELDS_BYTES_MAX)
+}
 pub const READ_PAGE_BYTES_RESERVED: usize =
-    2 * (raft_store::limits::READ_BYTES_MAX + PAYLOAD_BYTES_MAX + READ_LIMIT_MAX * FRAME_FIELDS_BYTES_MAX);
+    read_page_bytes_reserved(raft_store::limits::READ_BYTES_MAX, READ_LIMIT_MAX);
+pub const SUBSCRIBE_PAGE_BYTES_RESERVED: usize =
+    read_page_bytes_reserved(SUBSCRIBE_PAGE_PAYLOAD_BYTES, SUBSCRIBE_PAGE_MESSAGES);
 
 /// Serialized frames kept per topic for subscribers to share, by count and bytes, and topics
 /// with such a ring at once.
@@ -260,5 +270,6 @@ const _: () = {
     assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
+    assert!(SUBSCRIBE_PAGE_PAYLOAD_BYTES <= raft_store::limits::READ_BYTES_MAX);
     assert!(SUBSCRIBE_PAGE_MESSAGES <= READ_LIMIT_MAX);
 };

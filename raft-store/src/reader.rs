@@ -112,7 +112,21 @@ impl StoreReader {
         after: u64,
         limit: usize,
     ) -> Result<Vec<(u64, StoredMessage)>, StoreError> {
+        self.read_messages_within(topic_id, after, limit, READ_BYTES_MAX)
+    }
+
+    /// [`StoreReader::read_messages`] stopping once `bytes_max` bytes of payload are read
+    /// (at most [`READ_BYTES_MAX`]; the message that crosses it is included, so a page always
+    /// makes progress).
+    pub fn read_messages_within(
+        &self,
+        topic_id: u64,
+        after: u64,
+        limit: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, StoredMessage)>, StoreError> {
         let limit = limit.min(READ_MESSAGES_MAX);
+        let bytes_max = bytes_max.min(READ_BYTES_MAX);
         let mut out = Vec::with_capacity(limit.min(64));
         if limit == 0 || after == u64::MAX {
             return Ok(out);
@@ -129,7 +143,7 @@ impl StoreReader {
             let message = StoredMessage::decode(&value)?;
             bytes += message.payload.len();
             out.push((sequence, message));
-            if out.len() >= limit || bytes >= READ_BYTES_MAX {
+            if out.len() >= limit || bytes >= bytes_max {
                 break;
             }
         }

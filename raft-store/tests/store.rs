@@ -137,6 +137,21 @@ async fn replication_reads_are_bounded_in_bytes_but_always_make_progress() {
     assert_eq!(alone.len(), 1);
 }
 
+#[tokio::test]
+async fn message_reads_stop_past_their_byte_bound_but_always_make_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let mut entries = vec![entry(1, create("a"))];
+    entries.extend((2..=11).map(|i| entry(i, big_publish("a", &format!("m{i}"), 1000))));
+    store.state_machine.apply(entries).await.unwrap();
+    let id = store.reader.topic("a").unwrap().id;
+    // 1,002 bytes a payload (the quotes): the third crosses 2,500 and ends the page.
+    let page = store.reader.read_messages_within(id, 0, 100, 2500).unwrap();
+    assert_eq!(page.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(store.reader.read_messages_within(id, 3, 100, 1).unwrap().len(), 1, "one message at least");
+    assert_eq!(store.reader.read_messages(id, 0, 100).unwrap().len(), 10);
+}
+
 /// A store in `dir` holding topic `a` with 300 messages (entries 1–301), and a snapshot of it.
 async fn store_with_a_snapshot(dir: &std::path::Path) -> (raft_store::Store, raft_store::typ::Snapshot) {
     let mut store = raft_store::open(dir).unwrap();

@@ -23,7 +23,8 @@ use super::frames;
 use crate::app::SharedApp;
 use crate::budget::ByteBudget;
 use crate::limits::{
-    READ_PAGE_BYTES_RESERVED, SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PING_INTERVAL,
+    SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_BYTES_RESERVED, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES,
+    SUBSCRIBE_PING_INTERVAL,
 };
 
 /// What was agreed before the upgrade.
@@ -231,7 +232,7 @@ async fn serve_inner(
             if page.is_empty() {
                 // Others' pages may take long to send to slow readers: keep pinging meanwhile,
                 // and keep this place in the queue.
-                let take = app.read_pages.take(READ_PAGE_BYTES_RESERVED);
+                let take = app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED);
                 tokio::pin!(take);
                 let mut reserved = loop {
                     tokio::select! {
@@ -285,7 +286,9 @@ async fn serve_inner(
 
 /// Reads the page after `cursor` from storage, as frames, and shares them through the cache.
 fn read_page(app: &SharedApp, s: &Session, cursor: u64) -> Result<Vec<(u64, Utf8Bytes)>, End> {
-    let stored = app.reader.read_messages(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES).map_err(|e| {
+    let stored =
+        app.reader.read_messages_within(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
+    let stored = stored.map_err(|e| {
         tracing::error!(error = %e, "subscription cannot read storage");
         End::Close(1011, "storage error")
     })?;
