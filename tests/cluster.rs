@@ -300,3 +300,28 @@ async fn a_follower_catches_up_on_a_large_backlog() {
     c.restart(follower);
     assert_converged(&c, "big", &acked).await;
 }
+
+/// A data dir is its node's: started under another `--id` (a swapped volume, a typo), the
+/// node refuses it with one line that says whose it is, and exits 1 without touching it.
+#[tokio::test]
+async fn a_data_dir_given_to_another_node_id_is_refused() {
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    create_topic(&c, "t").await;
+    let data_dir = c.nodes[0].data_dir.clone();
+    let c = tokio::task::spawn_blocking(move || {
+        assert_eq!(c.terminate(0), Some(0));
+        c
+    })
+    .await
+    .unwrap();
+    let out = std::process::Command::new(pubsub_tests::node_binary())
+        .args(["--id", "2", "--listen", "127.0.0.1:0", "--peers", "2=127.0.0.1:1"])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .expect("the node runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("it holds node 1's state, not node 2's"), "{stderr}");
+    drop(c);
+}
