@@ -59,6 +59,28 @@ async fn open(client: &Client) -> Publisher {
     }
 }
 
+/// Told by a fake node's session when it ends: the client closed the connection.
+#[derive(Clone)]
+struct SessionEnd(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
+
+impl SessionEnd {
+    fn new() -> (SessionEnd, tokio::sync::oneshot::Receiver<()>) {
+        let (ended, ends) = tokio::sync::oneshot::channel();
+        (SessionEnd(Arc::new(std::sync::Mutex::new(Some(ended)))), ends)
+    }
+
+    fn tell(&self) {
+        if let Some(ended) = self.0.lock().unwrap().take() {
+            let _ = ended.send(());
+        }
+    }
+}
+
+/// True when the session told of its end within 5 s.
+async fn ended_in_time(ends: tokio::sync::oneshot::Receiver<()>) -> bool {
+    matches!(tokio::time::timeout(Duration::from_secs(5), ends).await, Ok(Ok(())))
+}
+
 fn message(id: &str) -> NewMessage {
     NewMessage::new(json!({"n": id})).with_id(id)
 }
@@ -164,8 +186,7 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
 /// and the connection closes after the last.
 #[tokio::test]
 async fn after_not_leader_the_publishes_in_flight_still_get_their_answers() {
-    let (ended, ends) = tokio::sync::oneshot::channel::<()>();
-    let ended = Arc::new(std::sync::Mutex::new(Some(ended)));
+    let (ended, ends) = SessionEnd::new();
     let node = leader(move |mut socket| {
         let ended = ended.clone();
         async move {
@@ -184,9 +205,7 @@ async fn after_not_leader_the_publishes_in_flight_still_get_their_answers() {
             send(&mut socket, publish_ack(&frames[1], 7)).await;
             send(&mut socket, publish_ack(&frames[2], 8)).await;
             while next_json(&mut socket).await.is_some() {}
-            if let Some(ended) = ended.lock().unwrap().take() {
-                let _ = ended.send(());
-            }
+            ended.tell();
         }
     })
     .await;
@@ -199,8 +218,7 @@ async fn after_not_leader_the_publishes_in_flight_still_get_their_answers() {
     assert_eq!(third.expect("acked after the refusal").sequence, Some(8));
     assert!(publisher.is_closed());
     assert!(matches!(publisher.publish(message("d")).await, Err(Error::Unreachable { .. })));
-    let closed = tokio::time::timeout(Duration::from_secs(5), ends).await;
-    assert!(matches!(closed, Ok(Ok(()))), "the connection stayed open after its last answer");
+    assert!(ended_in_time(ends).await, "the connection stayed open after its last answer");
 }
 
 #[tokio::test]
@@ -222,17 +240,15 @@ async fn a_dropped_connection_fails_pending_publishes_and_every_later_one() {
     assert!(matches!(later, Ok(Err(Error::Unreachable { .. }))), "{later:?}");
 }
 
+/// The wait is `PUBLISH_WS_ANSWER_TIMEOUT_MIN` (10 s), not the shorter request timeout set here.
 #[tokio::test]
 async fn an_unanswered_publish_times_out_and_closes_the_connection() {
-    let (ended, ends) = tokio::sync::oneshot::channel::<()>();
-    let ended = Arc::new(std::sync::Mutex::new(Some(ended)));
+    let (ended, ends) = SessionEnd::new();
     let node = leader(move |mut socket| {
         let ended = ended.clone();
         async move {
             while next_json(&mut socket).await.is_some() {}
-            if let Some(ended) = ended.lock().unwrap().take() {
-                let _ = ended.send(());
-            }
+            ended.tell();
         }
     })
     .await;
@@ -244,8 +260,7 @@ async fn an_unanswered_publish_times_out_and_closes_the_connection() {
     assert!(matches!(publisher.publish(message("a")).await, Err(Error::Timeout { attempts: 1, .. })));
     assert!(publisher.is_closed());
     // The socket is closed now, while the publisher is still held, not when it is dropped.
-    let closed = tokio::time::timeout(Duration::from_secs(5), ends).await;
-    assert!(matches!(closed, Ok(Ok(()))), "the node still holds the connection");
+    assert!(ended_in_time(ends).await, "the node still holds the connection");
     drop(publisher);
 }
 

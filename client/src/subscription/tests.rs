@@ -375,13 +375,18 @@ async fn expiry_and_leader_change_are_events_and_update_the_leader_cache() {
     assert_eq!(client.cached_leader(), Some("http://10.1.1.1:8080/".to_string()));
 }
 
-#[tokio::test]
-async fn a_refused_subscription_returns_the_servers_error() {
-    let app = Router::new().route(
+/// A node that answers every subscription `404 topic_not_found` (one behind, or the topic gone).
+async fn node_without_the_topic() -> String {
+    serve(Router::new().route(
         "/topics/{name}/subscribe",
         get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
-    );
-    let node = serve(app).await;
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn a_refused_subscription_returns_the_servers_error() {
+    let node = node_without_the_topic().await;
     let client = fast_client(&[&node]);
     let sub = client.subscribe("nope", SubscribeOptions::new("s")).await;
     assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
@@ -389,11 +394,7 @@ async fn a_refused_subscription_returns_the_servers_error() {
 
 #[tokio::test]
 async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_node() {
-    let lagging = serve(Router::new().route(
-        "/topics/{name}/subscribe",
-        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
-    ))
-    .await;
+    let lagging = node_without_the_topic().await;
     let log = Shared::default();
     let current = ws_node(log.clone(), |_, mut socket, _| async move {
         send(&mut socket, sub_frame(0)).await;
@@ -410,11 +411,7 @@ async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_n
     assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
 
     // When every known node denies the topic, it does not exist.
-    let other = serve(Router::new().route(
-        "/topics/{name}/subscribe",
-        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
-    ))
-    .await;
+    let other = node_without_the_topic().await;
     let client = fast_client(&[&lagging, &other]);
     let sub = client.subscribe("t", SubscribeOptions::new("s")).await;
     assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
@@ -425,11 +422,7 @@ async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_n
 /// start, nor on a reconnect, where it would end the subscription with `TopicDeleted`.
 #[tokio::test]
 async fn a_topic_denied_only_by_a_lagging_node_while_the_others_are_down_is_not_deleted() {
-    let lagging = serve(Router::new().route(
-        "/topics/{name}/subscribe",
-        get(|| async { error_response(404, "topic_not_found", json!({})) as Response }),
-    ))
-    .await;
+    let lagging = node_without_the_topic().await;
     let dead = crate::test_support::dead_address().await;
     // Both orders of the nodes: in one of them the last attempt is the denial.
     for nodes in [[&lagging, &dead], [&dead, &lagging]] {
