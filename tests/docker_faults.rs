@@ -134,7 +134,8 @@ fn repo_dir() -> PathBuf {
 
 /// Builds `pubsub-node:local` from the binaries beside this test (`deploy/cluster.sh image`,
 /// seconds: Docker reuses its layers when they did not change), so that the test never runs
-/// an image of older binaries.
+/// an image of binaries older than those (build them first: `cargo build --release
+/// --workspace --bins`, as scripts/test.sh does).
 async fn ensure_image() {
     println!("running deploy/cluster.sh image");
     let mut cmd = Command::new(repo_dir().join("deploy/cluster.sh"));

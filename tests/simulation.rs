@@ -470,6 +470,16 @@ async fn agreed_leader(nodes: usize) -> Option<(usize, u64)> {
     Some((id - 1, term))
 }
 
+/// [`agreed_leader`], asked every 100 ms until every node names the same one.
+async fn wait_agreed_leader(nodes: usize) -> (usize, u64) {
+    loop {
+        if let Some(found) = agreed_leader(nodes).await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A follower cut off for several election timeouts and then healed does not unseat the
 /// leader: before standing it asks for a pre-vote, which nobody can answer while it is cut off
 /// and which the others refuse once it is back (they still hear the leader), so its term never
@@ -492,13 +502,7 @@ fn a_follower_cut_off_and_healed_does_not_unseat_the_leader() {
     {
         let (before, healed, after) = (before.clone(), healed.clone(), after.clone());
         sim.client("observer", async move {
-            loop {
-                if let Some(found) = agreed_leader(NODES).await {
-                    *before.lock().unwrap() = Some(found);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            *before.lock().unwrap() = Some(wait_agreed_leader(NODES).await);
             while !healed.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -600,12 +604,7 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     {
         let (leader_found, cut, answers) = (leader_found.clone(), cut.clone(), answers.clone());
         sim.client("publisher", async move {
-            let leader = loop {
-                if let Some((leader, _)) = agreed_leader(NODES).await {
-                    break leader;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let (leader, _) = wait_agreed_leader(NODES).await;
             let created = request(&host(leader), "POST", "/topics/t", None).await.map(|(status, _)| status);
             assert_eq!(created, Ok(201));
             let mut ws = websocket(&host(leader), "/topics/t/publish").await?;

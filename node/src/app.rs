@@ -64,7 +64,6 @@ pub struct App {
 pub struct QueuedWrite {
     answer: crate::propose::Answer,
     started: tokio::time::Instant,
-    deadline: tokio::time::Instant,
 }
 
 /// Who leads, as this node sees it.
@@ -129,9 +128,8 @@ impl App {
     /// one after another are applied in that order; [`App::committed`] waits for each.
     pub async fn queue_write(&self, request: Request, path_and_query: &str) -> Result<QueuedWrite, ApiError> {
         let started = tokio::time::Instant::now();
-        let deadline = started + WRITE_TIMEOUT;
-        match tokio::time::timeout_at(deadline, self.proposer.submit(request)).await {
-            Ok(Ok(answer)) => Ok(QueuedWrite { answer, started, deadline }),
+        match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.submit(request)).await {
+            Ok(Ok(answer)) => Ok(QueuedWrite { answer, started }),
             Ok(Err(failure)) => Err(self.write_error(failure, path_and_query)),
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
         }
@@ -140,7 +138,7 @@ impl App {
     /// Waits until a queued write is committed on a majority and applied here, within
     /// [`WRITE_TIMEOUT`] of its queueing.
     pub async fn committed(&self, queued: QueuedWrite, path_and_query: &str) -> Result<Committed, ApiError> {
-        let result = tokio::time::timeout_at(queued.deadline, queued.answer).await;
+        let result = tokio::time::timeout_at(queued.started + WRITE_TIMEOUT, queued.answer).await;
         self.metrics.observe_commit(queued.started.elapsed());
         match result {
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),

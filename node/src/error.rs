@@ -97,6 +97,10 @@ impl ApiError {
 
 impl From<raft_store::StoreError> for ApiError {
     fn from(e: raft_store::StoreError) -> Self {
+        if matches!(e, raft_store::StoreError::Installing) {
+            // Not a failure: the node is catching up. Another node, or this one shortly, answers.
+            return Self::Unavailable(format!("{e}: retry shortly"));
+        }
         tracing::error!(error = %e, "storage error while serving a request");
         Self::internal(e)
     }

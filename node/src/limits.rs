@@ -98,10 +98,11 @@ pub const READ_LIMIT_MAX: usize = raft_store::limits::READ_MESSAGES_MAX;
 /// Longest long-poll (`wait_ms`) a reader may ask for.
 pub const READ_WAIT_MS_MAX: u64 = 30_000;
 
-/// Messages a subscription reads from storage per page, and payload bytes after which the
-/// page stops (the message that crosses it included): bound its memory, and what it reserves
-/// of [`READ_PAGES_BYTES_MAX`] while it reads.
+/// Messages a subscription reads from storage per page: bounds its memory, and what it
+/// reserves of [`READ_PAGES_BYTES_MAX`] while it reads.
 pub const SUBSCRIBE_PAGE_MESSAGES: usize = 256;
+/// Payload bytes after which a subscription's page stops (the message that crosses it
+/// included), for the same reasons.
 pub const SUBSCRIBE_PAGE_PAYLOAD_BYTES: usize = 1024 * 1024;
 
 /// Bytes of message pages read from storage that subscriptions and `GET /messages` hold at
@@ -185,8 +186,9 @@ pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 
 /// How often coalesced acks are written through Raft.
 pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
-/// How long a stopping node waits for its subscriptions to close (each sends its close frame
-/// within its ping interval at most) before its last flush of acks.
+/// How long a stopping node waits for its subscriptions to stop reading acks (each does when
+/// its delivery loop sees the shutdown; one blocked on a slow reader's socket may take
+/// longer, and its last acks are then recorded by nobody) before its last flush of acks.
 pub const SHUTDOWN_SUBSCRIPTIONS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a stopping node tries to record the acks of its last flush interval.
 pub const SHUTDOWN_ACK_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -271,5 +273,7 @@ const _: () = {
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
     assert!(SUBSCRIBE_PAGE_PAYLOAD_BYTES <= raft_store::limits::READ_BYTES_MAX);
+    // An ack held for every subscription a node may serve.
+    assert!(ACKS_PENDING_MAX >= SUBSCRIPTIONS_MAX);
     assert!(SUBSCRIBE_PAGE_MESSAGES <= READ_LIMIT_MAX);
 };

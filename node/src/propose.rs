@@ -173,7 +173,14 @@ impl Batch {
     /// commit). Behind a stalled entry they would otherwise commit long after, a surprise to
     /// a client that has moved on.
     fn drop_abandoned(&mut self) {
-        self.writes.retain(|w| !w.reply.is_closed());
+        let bytes = &mut self.bytes;
+        self.writes.retain(|w| {
+            let abandoned = w.reply.is_closed();
+            if abandoned {
+                *bytes -= w.request.approx_bytes();
+            }
+            !abandoned
+        });
     }
 
     /// Adds what is queued already, without waiting.

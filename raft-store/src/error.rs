@@ -5,7 +5,7 @@ use std::io;
 use crate::typ::StorageError;
 
 /// Errors of the storage layer. All of them are operating conditions (disk, corruption, a
-/// data dir given to the wrong node), never the client's fault.
+/// data dir given to the wrong node, a snapshot install in progress), never the client's fault.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("rocksdb: {0}")]
@@ -16,6 +16,8 @@ pub enum StoreError {
     Decode { what: &'static str, source: bincode::Error },
     #[error("corrupt store: {0}")]
     Corrupt(String),
+    #[error("a snapshot install is rewriting this node's state")]
+    Installing,
     #[error("it holds node {stored}'s state, not node {given}'s: each node needs a data dir of its own, started with the --id it was first started with")]
     OtherNode { stored: u64, given: u64 },
 }

@@ -63,14 +63,29 @@ pub struct StoreReader {
     pub(crate) db: Arc<DB>,
     pub(crate) topics: Arc<RwLock<Topics>>,
     pub(crate) feeds: Arc<Feeds>,
-    pub(crate) installing: Arc<std::sync::atomic::AtomicBool>,
+    /// Odd while a snapshot install runs; raised at its start and end.
+    pub(crate) installs: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl StoreReader {
     /// True while a snapshot install rewrites the state: a recorded cursor may be missing
     /// then, and topics and messages may be older or fewer than what this node had.
     pub fn installing(&self) -> bool {
-        self.installing.load(std::sync::atomic::Ordering::SeqCst)
+        self.installs.load(std::sync::atomic::Ordering::SeqCst) % 2 == 1
+    }
+
+    /// Runs `read` of what an install clears and writes back, and refuses its result when an
+    /// install ran at any moment of it ([`StoreError::Installing`]).
+    fn outside_installs<T>(&self, read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let before = self.installs.load(std::sync::atomic::Ordering::SeqCst);
+        if before % 2 == 1 {
+            return Err(StoreError::Installing);
+        }
+        let value = read()?;
+        if self.installs.load(std::sync::atomic::Ordering::SeqCst) != before {
+            return Err(StoreError::Installing);
+        }
+        Ok(value)
     }
 
     /// A topic's record, including deleted ones (check `deleted`).
@@ -157,25 +172,33 @@ impl StoreReader {
     }
 
     /// A subscriber's acknowledged sequence on a topic.
+    ///
+    /// [`StoreError::Installing`] while a snapshot install rewrites the cursors: read then, a
+    /// cursor could be missing, and a subscriber resuming from it get its whole topic again.
     pub fn cursor(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError> {
-        let value = self.db.get_cf(cf(&self.db, CF_CURSORS)?, topic_scoped_key(topic_id, subscriber_id))?;
-        Ok(value.as_deref().and_then(decode_u64))
+        self.outside_installs(|| {
+            let value = self.db.get_cf(cf(&self.db, CF_CURSORS)?, topic_scoped_key(topic_id, subscriber_id))?;
+            Ok(value.as_deref().and_then(decode_u64))
+        })
     }
 
     /// Recorded cursors of a topic, by subscriber id, at most `limit`.
+    /// [`StoreError::Installing`] while a snapshot install rewrites them.
     pub fn cursors(&self, topic_id: u64, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
-        let prefix = topic_id.to_be_bytes();
-        let iter = self.db.iterator_cf(cf(&self.db, CF_CURSORS)?, IteratorMode::From(&prefix, Direction::Forward));
-        let mut out = Vec::new();
-        for item in iter {
-            let (key, value) = item?;
-            if !key.starts_with(&prefix) || out.len() >= limit {
-                break;
+        self.outside_installs(|| {
+            let prefix = topic_id.to_be_bytes();
+            let iter = self.db.iterator_cf(cf(&self.db, CF_CURSORS)?, IteratorMode::From(&prefix, Direction::Forward));
+            let mut out = Vec::new();
+            for item in iter {
+                let (key, value) = item?;
+                if !key.starts_with(&prefix) || out.len() >= limit {
+                    break;
+                }
+                let subscriber = String::from_utf8_lossy(&key[8..]).into_owned();
+                out.push((subscriber, decode_u64(&value).unwrap_or(0)));
             }
-            let subscriber = String::from_utf8_lossy(&key[8..]).into_owned();
-            out.push((subscriber, decode_u64(&value).unwrap_or(0)));
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Watches a topic: wakes on every applied change to it (publish, trim, delete, revive).

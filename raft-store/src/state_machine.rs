@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -38,8 +38,9 @@ pub struct StateMachine {
     /// All topic records; shared with readers, changed only by `apply` and installs.
     topics: Arc<RwLock<Topics>>,
     feeds: Arc<Feeds>,
-    /// True while a snapshot install rewrites the tables readers read (shared with them).
-    installing: Arc<AtomicBool>,
+    /// Odd while a snapshot install rewrites the tables readers read, raised at its start and
+    /// its end (shared with readers: see [`StoreReader::installing`]).
+    installs: Arc<AtomicU64>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshots: SnapshotFiles,
@@ -82,7 +83,7 @@ impl StateMachine {
             db,
             topics: Arc::new(RwLock::new(Topics::default())),
             feeds,
-            installing: Arc::new(AtomicBool::new(false)),
+            installs: Arc::new(AtomicU64::new(0)),
             last_applied: None,
             membership: StoredMembership::default(),
             snapshots,
@@ -97,7 +98,7 @@ impl StateMachine {
             db: self.db.clone(),
             topics: self.topics.clone(),
             feeds: self.feeds.clone(),
-            installing: self.installing.clone(),
+            installs: self.installs.clone(),
         }
     }
 
@@ -442,7 +443,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
         let files = self.snapshots.clone();
-        let installing = self.installing.clone();
+        // Until the tables and the topic map are whole again (below), readers of what an install
+        // clears are refused.
+        self.installs.fetch_add(1, Ordering::SeqCst);
         // All of it off the runtime's threads: copying and checking a snapshot of gigabytes
         // takes seconds.
         let installed = files
@@ -455,8 +458,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 std::fs::rename(&part, &path)?;
                 // The pending-install marker names the file: its name must be durable first.
                 sync_dir(&guard_files.dir)?;
-                // Until the tables and the topic map are whole again (cleared below).
-                installing.store(true, Ordering::SeqCst);
                 snapshot::install(&db, &path, &meta_owned)?;
                 guard_files.remove_other_files(Some(&meta_owned.snapshot_id))
             })
@@ -469,7 +470,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.load().map_err(read_err)
         });
         // A failed install stops the node (openraft takes a storage error as fatal).
-        self.installing.store(false, Ordering::SeqCst);
+        self.installs.fetch_add(1, Ordering::SeqCst);
         loaded?;
         let topics = self.topics.read().unwrap_or_else(|e| e.into_inner()).clone();
         self.feeds.notify_all(&topics);

@@ -345,7 +345,6 @@ pub async fn batch(
     let ids_generated = incoming.iter().all(|m| m.id_generated);
     let messages: Vec<NewMessage> = incoming.into_iter().map(|m| m.message).collect();
     let where_ = input::path_and_query(&uri);
-    app.require_leader(&where_)?;
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
     let (results, raft_index) = publish_messages(&app, &topic, messages, ids_generated, &where_).await?;
     let results: Vec<BatchItemOut> = ids
@@ -377,8 +376,8 @@ pub(super) async fn publish_messages(
     publish_outcome(app, topic, count, app.committed(queued, where_).await)
 }
 
-/// The first half of [`publish_messages`]: puts the publish in the proposer's queue (see
-/// [`crate::app::App::queue_write`]). Shared with the publishing WebSocket, which queues its
+/// The first half of [`publish_messages`]: checks that this node leads and the topic is
+/// active, and puts the publish in the proposer's queue (see [`crate::app::App::queue_write`]). Shared with the publishing WebSocket, which queues its
 /// groups in the order their frames were read.
 pub(super) async fn queue_publish(
     app: &SharedApp,
@@ -387,6 +386,7 @@ pub(super) async fn queue_publish(
     ids_generated: bool,
     where_: &str,
 ) -> Result<QueuedWrite, ApiError> {
+    app.require_leader(where_)?;
     active(app, topic)?;
     let count = messages.len() as u64;
     let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);

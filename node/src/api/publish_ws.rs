@@ -89,10 +89,12 @@ struct AckFrame<'a> {
 /// the client wrote it (parsed into a number, a large one would come back changed).
 fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
     let body = e.body().to_string();
-    // The body is an object with fields (error, message, details): splice ours in front.
-    let fields = body.strip_prefix('{').unwrap_or("}");
     let reference = reference.map_or("null", |r| r.get());
-    format!("{{\"type\":\"error\",\"ref\":{reference},{fields}")
+    // The body is an object with fields (error, message, details): splice ours in front.
+    match body.strip_prefix('{').filter(|fields| *fields != "}") {
+        Some(fields) => format!("{{\"type\":\"error\",\"ref\":{reference},{fields}"),
+        None => format!("{{\"type\":\"error\",\"ref\":{reference}}}"),
+    }
 }
 
 /// Frames read together, with their share of the connection's room in flight.
@@ -121,11 +123,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             // yielding once lets them queue their answers for this same write (measured: about
             // 2 acks per send without it).
             tokio::task::yield_now().await;
-            let mut texts = vec![text];
-            while let Ok(more) = rx.try_recv() {
-                texts.push(more);
-            }
-            if !send_answers(&mut sink, texts).await {
+            if !send_answers(&mut sink, text, &mut rx).await {
                 return;
             }
         }
@@ -223,13 +221,18 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let _ = writer.await;
 }
 
-/// Sends answers in one write; false when the socket failed or the client read nothing for
-/// [`PUBLISH_WS_SEND_TIMEOUT`] (a client that stopped reading would hold every publish of the
-/// connection, and their frames, forever).
-async fn send_answers(sink: &mut SplitSink<WebSocket, Message>, texts: Vec<String>) -> bool {
+/// Sends `first` and the answers queued behind it in one write; false when the socket failed
+/// or the client read nothing for [`PUBLISH_WS_SEND_TIMEOUT`] (a client that stopped reading
+/// would hold every publish of the connection, and their frames, forever).
+async fn send_answers(
+    sink: &mut SplitSink<WebSocket, Message>,
+    first: String,
+    rx: &mut mpsc::Receiver<String>,
+) -> bool {
     let send = async {
-        for text in texts {
-            sink.feed(Message::Text(text.into())).await?;
+        sink.feed(Message::Text(first.into())).await?;
+        while let Ok(more) = rx.try_recv() {
+            sink.feed(Message::Text(more.into())).await?;
         }
         sink.flush().await
     };
@@ -341,7 +344,9 @@ async fn propose_in_order(
     mut groups: mpsc::Receiver<Group>,
     answers: mpsc::Sender<String>,
 ) {
-    let where_ = format!("/topics/{topic}/publish");
+    // Shared by every group's task of the connection.
+    let where_: Arc<str> = Arc::from(format!("/topics/{topic}/publish"));
+    let topic: Arc<str> = Arc::from(topic);
     while let Some(Group { frames, room }) = groups.recv().await {
         let Checked { answers: mut out, accepted, messages, ids_generated } = check_group(&app, &frames);
         drop(frames);
@@ -350,14 +355,10 @@ async fn propose_in_order(
             continue;
         }
         let count = messages.len();
-        // Checked per group, as every HTTP write is: a leader cut off from its quorum stays
-        // in office until it hears of a newer term, and its publishes would only time out,
-        // while `no_leader` sends the client on to the new leader at once.
-        let queued = match app.require_leader(&where_) {
-            Ok(()) => queue_publish(&app, &topic, messages, ids_generated, &where_).await,
-            Err(e) => Err(e),
-        };
-        let queued = match queued {
+        // Leadership is checked per group (`queue_publish`), as every HTTP write is: a leader
+        // cut off from its quorum stays in office until it hears of a newer term, and its
+        // publishes would only time out, while `no_leader` sends the client on at once.
+        let queued = match queue_publish(&app, &topic, messages, ids_generated, &where_).await {
             Ok(queued) => queued,
             Err(e) => {
                 answer_group(&mut out, &accepted, Err(e));

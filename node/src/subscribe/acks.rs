@@ -19,6 +19,8 @@ pub struct AckCoalescer {
     /// flush of a stopping node waits for one in progress instead of finding nothing pending
     /// while that one's acks are in flight, to be put back after Raft has stopped.
     flushing: tokio::sync::Mutex<()>,
+    /// Whether dropped acks were reported since the last flush.
+    full_reported: std::sync::atomic::AtomicBool,
 }
 
 impl AckCoalescer {
@@ -29,13 +31,22 @@ impl AckCoalescer {
         if pending.len() >= ACKS_PENDING_MAX && !pending.contains_key(&key) {
             // Full (acks of ended subscriptions kept through a long outage): this one is lost;
             // the subscriber sends its latest ack again when it reconnects.
-            tracing::warn!(topic, subscriber_id, sequence, "ack dropped: {ACKS_PENDING_MAX} acks wait to be recorded");
+            // Once per flush interval, not once per ack of every subscriber.
+            if !self.full_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    topic,
+                    subscriber_id,
+                    sequence,
+                    "acks dropped: {ACKS_PENDING_MAX} acks wait to be recorded"
+                );
+            }
             return;
         }
         pending.insert(key, sequence);
     }
 
     fn take(&self) -> HashMap<(String, String), u64> {
+        self.full_reported.store(false, std::sync::atomic::Ordering::Relaxed);
         std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -67,10 +78,9 @@ pub async fn run_flusher(app: Weak<App>) {
 /// [`ACKS_PER_COMMAND_MAX`]; puts back those that could not be committed.
 pub async fn flush(app: &App) {
     let _flushing = app.acks.flushing.lock().await;
-    let mut acks: Vec<_> = app.acks.take().into_iter().collect();
-    while !acks.is_empty() {
-        let rest = acks.split_off(acks.len().min(ACKS_PER_COMMAND_MAX));
-        let records = acks
+    let acks: Vec<_> = app.acks.take().into_iter().collect();
+    for (i, chunk) in acks.chunks(ACKS_PER_COMMAND_MAX).enumerate() {
+        let records = chunk
             .iter()
             .map(|((topic, subscriber_id), sequence)| AckRecord {
                 topic: topic.clone(),
@@ -79,11 +89,11 @@ pub async fn flush(app: &App) {
             })
             .collect();
         if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
-            tracing::debug!(error = %e, count = acks.len() + rest.len(), "acks not recorded yet; retrying");
-            app.acks.restore(acks.into_iter().chain(rest));
+            let unrecorded = &acks[i * ACKS_PER_COMMAND_MAX..];
+            tracing::debug!(error = %e, count = unrecorded.len(), "acks not recorded yet; retrying");
+            app.acks.restore(unrecorded.iter().cloned());
             return;
         }
-        acks = rest;
     }
 }
 
@@ -101,7 +111,6 @@ mod tests {
         let taken = c.take();
         assert_eq!(taken.len(), ACKS_PENDING_MAX);
         assert_eq!(taken[&("t".to_string(), "0".to_string())], 2, "a held pair still takes newer acks");
-        assert!(ACKS_PENDING_MAX >= crate::limits::SUBSCRIPTIONS_MAX);
     }
 
     #[test]
