@@ -262,6 +262,12 @@ async fn publish_follows_the_contract() {
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
     let r = post_raw(&url, r#"{"payload": {"n": [1, 1e400]}}"#.to_string()).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    // A lone UTF-16 surrogate is refused too (no strict reader could read its page back);
+    // a pair is a character like any other.
+    let r = post_raw(&url, r#"{"payload": "\ud800"}"#.to_string()).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    let r = post_raw(&url, r#"{"payload": "\ud83d\ude00"}"#.to_string()).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
     let page = get(&format!("{url}?after={}", deepest - 1)).await.unwrap();
     assert_eq!(page.status, 200, "{page:?}");
     assert_eq!(page.body["messages"][0]["sequence"], json!(deepest), "{page:?}");
@@ -449,6 +455,11 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     let l = leader_url(&c).await;
     let r = get(&format!("{l}/nope")).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "not_found"));
+    // An empty topic name is a bad name, not a missing route.
+    let r = post(&format!("{l}/topics/"), &json!({})).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_topic_name"), "{r:?}");
+    let r = get(&format!("{l}/topics//messages")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_topic_name"), "{r:?}");
     let r = http::send(http::client().put(format!("{l}/topics"))).await.unwrap();
     assert!(r.status == 405 && is_error_body(&r.body, "method_not_allowed"), "{r:?}");
     let r = get(&format!("{l}/raft")).await.unwrap();

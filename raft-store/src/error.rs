@@ -16,6 +16,8 @@ pub enum StoreError {
     Decode { what: &'static str, source: bincode::Error },
     #[error("corrupt store: {0}")]
     Corrupt(String),
+    #[error("an fsync of the Raft log failed ({0}); nothing is written after it until the node restarts")]
+    SyncFailed(String),
     #[error("a snapshot install is rewriting this node's state")]
     Installing,
     #[error("it holds node {stored}'s state, not node {given}'s: each node needs a data dir of its own, started with the --id it was first started with")]

@@ -435,13 +435,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// # Correctness
     /// Purged entries are covered by the state machine on disk (a snapshot is built only
     /// after flushing it, and openraft purges only entries a snapshot covers). `last_purged`
-    /// is fsynced before a segment file is deleted, so the log never starts after a gap; a
-    /// purge that deletes no file is not fsynced, and if a crash loses it, it is redone.
+    /// is fsynced before a segment file is deleted or a new one can start after it, so the log
+    /// never starts after a gap; any other purge is not fsynced, and if a crash loses it, it is
+    /// redone.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
         let bytes = bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
-        let deletes_files = self.segments.purge_deletes_files(log_id.index);
-        let durability = if deletes_files { synced() } else { unsynced() };
+        let must_be_durable = self.segments.purge_must_be_durable(log_id.index);
+        let durability = if must_be_durable { synced() } else { unsynced() };
         self.db.put_cf_opt(raft, LAST_PURGED, bytes, &durability).map_err(write_err)?;
         self.segments.purge(log_id.index).map_err(write_err)?;
         self.recent().purged(log_id.index);

@@ -25,11 +25,11 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -165,13 +165,17 @@ pub struct SegmentLog {
     unpurged_from: AtomicU64,
     /// The spare segment and the thread preparing it; `None` without preallocation.
     spares: Option<Spares>,
+    /// The first failed fsync. Nothing is appended or reported durable after it: Linux may
+    /// drop the pages a failed fsync covered and report success on the next one, which would
+    /// acknowledge writes that are lost. The node stops on the error and must be restarted.
+    sync_failed: OnceLock<String>,
 }
 
 impl SegmentLog {
     /// Opens (or creates) the segments in `dir`, cutting a torn record off the newest one.
     /// With `preallocate`, a background thread keeps a spare segment ready (module docs).
     pub fn open(dir: &Path, preallocate: bool) -> Result<Self, StoreError> {
-        fs::create_dir_all(dir)?;
+        create_dir_durably(dir)?;
         let mut names = Vec::new();
         for item in fs::read_dir(dir)? {
             let path = item?.path();
@@ -200,7 +204,13 @@ impl SegmentLog {
             segments.push_back(segment);
         }
         let spares = if preallocate { Some(Spares::start(dir)?) } else { None };
-        Ok(Self { dir: dir.to_path_buf(), segments: Mutex::new(segments), unpurged_from: AtomicU64::new(0), spares })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            segments: Mutex::new(segments),
+            unpurged_from: AtomicU64::new(0),
+            spares,
+            sync_failed: OnceLock::new(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, VecDeque<Segment>> {
@@ -228,6 +238,7 @@ impl SegmentLog {
     /// Writes `records` (the entries `first`, `first + 1`, ...) after the last one, without
     /// fsync: [`SegmentLog::sync`] makes them durable. `first` must be past the last record.
     pub fn append(&self, first: u64, records: Vec<Record>) -> Result<(), StoreError> {
+        self.refuse_after_failed_sync()?;
         let mut segments = self.lock();
         for (next, mut record) in (first..).zip(records) {
             let active = match segments.back() {
@@ -248,7 +259,10 @@ impl SegmentLog {
                             fs::remove_file(&empty.path)?;
                         }
                     } else if let Some(full) = segments.back_mut() {
-                        full.seal()?;
+                        full.seal().map_err(|e| match e {
+                            StoreError::Io(e) => self.sync_failed(e),
+                            other => other,
+                        })?;
                     }
                     segments.push_back(self.create(next)?);
                     segments.len() - 1
@@ -306,11 +320,26 @@ impl SegmentLog {
     /// Makes every record appended so far durable. The lock is held only to pick the file:
     /// appends go on while the disk works.
     pub fn sync(&self) -> Result<(), StoreError> {
+        self.refuse_after_failed_sync()?;
         let newest = self.lock().back().map(|s| s.file.clone());
         if let Some(file) = newest {
-            file.sync_data()?;
+            file.sync_data().map_err(|e| self.sync_failed(e))?;
         }
         Ok(())
+    }
+
+    fn refuse_after_failed_sync(&self) -> Result<(), StoreError> {
+        match self.sync_failed.get() {
+            Some(error) => Err(StoreError::SyncFailed(error.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Latches the first failed fsync (see `sync_failed`).
+    fn sync_failed(&self, error: io::Error) -> StoreError {
+        let message = self.sync_failed.get_or_init(|| error.to_string());
+        tracing::error!(error = %message, "fsync of the Raft log failed: refusing every later write");
+        StoreError::SyncFailed(message.clone())
     }
 
     /// The records of `[start, end)` held and not purged, stopping before the one that would
@@ -380,10 +409,12 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// True when purging up to `index` would delete a segment file: the caller must make the
-    /// purge durable first, or a crash could leave the log starting after a gap.
-    pub fn purge_deletes_files(&self, index: u64) -> bool {
-        self.lock().front().is_some_and(|s| s.end() <= index.saturating_add(1))
+    /// True when the caller must make a purge up to `index` durable before it runs, or a crash
+    /// could leave the log starting after a gap: when the purge deletes a segment file, and
+    /// when the log holds no record after `index` (an empty log, as after a snapshot install),
+    /// since the next append then starts a segment at `index + 1`.
+    pub fn purge_must_be_durable(&self, index: u64) -> bool {
+        self.lock().front().is_none_or(|s| s.end() <= index.saturating_add(1))
     }
 
     /// Deletes the segments whose every record is at or below `index`, oldest first, each
@@ -776,6 +807,16 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Creates `dir` if needed and makes its entry durable in its parent, so files fsynced in it
+/// cannot vanish with it after a power cut on a node's first start.
+pub(crate) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+    fs::create_dir_all(dir)?;
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1019,11 +1060,11 @@ mod tests {
         let log = SegmentLog::open(dir.path(), false).unwrap();
         assert_eq!(log.read(6, 9, usize::MAX).unwrap(), records(100..103, 10));
 
-        assert!(!log.purge_deletes_files(1));
+        assert!(!log.purge_must_be_durable(1));
         log.purge(1).unwrap();
         assert_eq!(log.first_index(), Some(1), "a segment goes only when all of it is purged");
         assert_eq!(log.read(0, 3, usize::MAX).unwrap(), records(2..3, size), "but purged records are not read");
-        assert!(log.purge_deletes_files(4));
+        assert!(log.purge_must_be_durable(4));
         log.purge(4).unwrap();
         assert!(log.first_index().unwrap() > 1);
         assert_eq!(log.read(8, 9, usize::MAX).unwrap(), records(102..103, 10));
@@ -1060,5 +1101,19 @@ mod tests {
         assert_eq!(log.end_index(), None);
         log.append(3, framed(records(50..52, 10))).unwrap();
         assert_eq!(log.read(3, 5, usize::MAX).unwrap(), records(50..52, 10));
+    }
+
+    #[test]
+    fn a_purge_that_a_new_segment_could_start_after_must_be_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), false).unwrap();
+        // Empty, as after a snapshot install: the next append starts a segment at 8, so a
+        // crash losing the purge would leave the log starting after a gap.
+        assert!(log.purge_must_be_durable(7));
+        log.purge(7).unwrap();
+        log.append(8, framed(records(8..10, 10))).unwrap();
+        assert!(!log.purge_must_be_durable(7), "the segment starts right after the purge");
+        assert!(!log.purge_must_be_durable(8), "a record after 8 stays: the segment does too");
+        assert!(log.purge_must_be_durable(9), "nothing after 9: the segment goes");
     }
 }

@@ -27,7 +27,7 @@ use crate::keys::{
 use crate::log_store::IoMode;
 use crate::reader::{StoreReader, StoredMessage};
 use crate::rules::{self, MessageMeta, SmStore, Topics};
-use crate::segments::sync_dir;
+use crate::segments::{create_dir_durably, sync_dir};
 use crate::snapshot::{self, encode, PendingInstall, SnapshotFile};
 use crate::typ::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::StoreError;
@@ -74,7 +74,7 @@ impl SnapshotFiles {
 impl StateMachine {
     /// Opens the state machine persisted in `db`; snapshot files live in `snapshot_dir`.
     pub fn open(db: Arc<DB>, snapshot_dir: PathBuf, feeds: Arc<Feeds>, mode: IoMode) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(&snapshot_dir)?;
+        create_dir_durably(&snapshot_dir)?;
         let snapshots = SnapshotFiles { dir: snapshot_dir, db: db.clone(), lock: Arc::new(Mutex::new(())), mode };
         snapshots.redo_pending_install()?;
         snapshots.remove_partial_files()?;

@@ -434,6 +434,44 @@ async fn a_commit_index_ahead_of_the_durable_log_after_a_power_cut_still_starts(
     assert_eq!(applied.map(|a| a.index), Some(2));
 }
 
+/// A leader applies entries its followers fsynced before its own flush of them ends, and the
+/// state machine may reach the disk first. After a power cut that loses those entries from the
+/// log, openraft purges the log up to the state machine on start; the snapshot must then cover
+/// the purge, or a follower behind it would be sent a snapshot that leaves it needing purged
+/// entries, again and again.
+#[tokio::test]
+async fn a_state_machine_ahead_of_the_durable_log_after_a_power_cut_gets_a_snapshot_covering_it() {
+    use openraft::storage::StorageHelper;
+    let dir = tempfile::tempdir().unwrap();
+    let segment = {
+        let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
+        let durable = vec![entry(0, create("a")), entry(1, publish("a", "x")), entry(2, publish("a", "y"))];
+        store.log_store.blocking_append(durable.clone()).await.unwrap();
+        store.state_machine.apply(durable).await.unwrap();
+        let built = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(2));
+        let segment = std::fs::read_dir(dir.path().join("log")).unwrap().next().unwrap().unwrap().path();
+        let durable_len = std::fs::metadata(&segment).unwrap().len();
+        let lost = vec![entry(3, publish("a", "z")), entry(4, publish("a", "w"))];
+        store.log_store.blocking_append(lost.clone()).await.unwrap();
+        store.state_machine.apply(lost).await.unwrap();
+        // Closing flushes the state machine to disk, as a memtable flush may before a power cut.
+        let closed = store.closed;
+        drop((store.log_store, store.state_machine, store.reader));
+        assert!(closed.wait(Duration::from_secs(5)).await);
+        (segment, durable_len)
+    };
+    // The power cut: entries 3 and 4 never reached the log's disk.
+    std::fs::OpenOptions::new().write(true).open(&segment.0).unwrap().set_len(segment.1).unwrap();
+
+    let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
+    StorageHelper::new(&mut store.log_store, &mut store.state_machine).get_initial_state().await.unwrap();
+    let log = store.log_store.get_log_state().await.unwrap();
+    assert_eq!(log.last_purged_log_id.map(|l| l.index), Some(4), "purged up to the state machine");
+    let snapshot = store.state_machine.get_current_snapshot().await.unwrap().expect("a snapshot");
+    assert_eq!(snapshot.meta.last_log_id.map(|l| l.index), Some(4), "the snapshot covers the purge");
+}
+
 #[tokio::test]
 async fn a_data_dir_is_refused_to_a_node_it_does_not_belong_to() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -25,9 +25,23 @@ pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, A
     }
 }
 
-/// Query parameters as a map (repeated keys: the last wins).
-pub fn query(q: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
-    q.map(|Query(map)| map).map_err(|e| ApiError::InvalidRequest(format!("bad query string: {}", e.body_text())))
+/// Query parameters as a map (repeated keys: the last wins). A percent-escape that does not
+/// decode to UTF-8 is refused: decoded lossily, `subscriber_id=%FF` and `%FE` would both read
+/// as U+FFFD, one subscriber.
+pub fn query(RawQuery(raw): RawQuery) -> Result<HashMap<String, String>, ApiError> {
+    let decode = |part: &str| {
+        let spaced = part.replace('+', " ");
+        percent_encoding::percent_decode_str(&spaced)
+            .decode_utf8()
+            .map(|d| d.into_owned())
+            .map_err(|_| ApiError::InvalidRequest(format!("query parameter {part:?} does not decode to UTF-8")))
+    };
+    let mut map = HashMap::new();
+    for pair in raw.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        map.insert(decode(key)?, decode(value)?);
+    }
+    Ok(map)
 }
 
 /// Reads a body of at most `limit` bytes; a larger one is `413 payload_too_large`.
@@ -119,5 +133,20 @@ mod tests {
         assert!(id_field("id", &"é".repeat(256)).is_ok());
         assert!(id_field("id", &"é".repeat(257)).is_err());
         assert!(id_field("id", "").is_err());
+    }
+
+    #[test]
+    fn query_decodes_strictly_and_the_last_repeat_wins() {
+        let parse = |q: Option<&str>| query(RawQuery(q.map(String::from)));
+        let map = parse(Some("a=1&b=x+y%20z&a=2&flag&&c=")).unwrap();
+        assert_eq!(
+            (map["a"].as_str(), map["b"].as_str(), map["flag"].as_str(), map["c"].as_str()),
+            ("2", "x y z", "", "")
+        );
+        assert_eq!(parse(Some("s=%C3%A9")).unwrap()["s"], "é");
+        assert!(parse(None).unwrap().is_empty());
+        for bad in ["subscriber_id=%FF", "%FE=1"] {
+            assert!(matches!(parse(Some(bad)), Err(ApiError::InvalidRequest(_))), "{bad}");
+        }
     }
 }

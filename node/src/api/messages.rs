@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
@@ -26,7 +26,7 @@ fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>>
 pub async fn read(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    query: RawQuery,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;

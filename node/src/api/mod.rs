@@ -24,6 +24,19 @@ use axum::Router;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 
+/// The routes under `/topics/{name}`, for [`unrouted`].
+const TOPIC_ROUTES: [&str; 6] = ["", "/messages", "/messages/batch", "/publish", "/subscribe", "/subscribers"];
+
+/// A path no route serves: 404, but for one with an empty topic name (`/topics/`,
+/// `/topics//messages`), which the router cannot match and API.md calls an invalid name.
+async fn unrouted(uri: Uri) -> ApiError {
+    let path = uri.path();
+    match path.strip_prefix("/topics/") {
+        Some(rest) if TOPIC_ROUTES.contains(&rest) => ApiError::InvalidTopicName(String::new()),
+        _ => ApiError::NotFound(path.to_string()),
+    }
+}
+
 pub fn router(app: SharedApp) -> Router {
     Router::new()
         .route("/cluster", get(cluster::cluster))
@@ -38,7 +51,7 @@ pub fn router(app: SharedApp) -> Router {
         .route("/topics/{name}/subscribe", get(subscribe::subscribe))
         .route("/topics/{name}/subscribers", get(topics::subscribers))
         .route("/raft", get(crate::raft::server::handle))
-        .fallback(|uri: Uri| async move { ApiError::NotFound(uri.path().to_string()) })
+        .fallback(unrouted)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         // Bodies are read with per-route limits that answer API.md's 413 body (see `input`).
         .layer(DefaultBodyLimit::disable())

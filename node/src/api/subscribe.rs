@@ -1,12 +1,10 @@
 //! `GET /topics/:name/subscribe`: every check happens before the WebSocket upgrade, so a
 //! refusal is an ordinary HTTP error body (API.md §5).
 
-use std::collections::HashMap;
-
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 
 use super::input;
@@ -21,7 +19,7 @@ use crate::subscribe::session::{self, Registration, Session};
 pub async fn subscribe(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    query: RawQuery,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;

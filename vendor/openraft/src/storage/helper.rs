@@ -129,8 +129,12 @@ where
 
         // If there is not a snapshot and there are logs purged, which means the snapshot is not persisted,
         // we just rebuild it so that replication can use it.
+        // PATCHED (pubsub-raft): also when the snapshot is older than the purged logs (the clean-up
+        // above purged past it): a follower behind the purge point would otherwise be sent that
+        // snapshot, then need purged entries, and be sent it again, until a new one is built.
         let snapshot = match snapshot {
-            None => {
+            Some(s) if s.meta.last_log_id >= last_purged_log_id => Some(s),
+            _ => {
                 if last_purged_log_id.is_some() {
                     let mut b = self.state_machine.get_snapshot_builder().await;
                     let s = b.build_snapshot().await?;
@@ -139,7 +143,6 @@ where
                     None
                 }
             }
-            s @ Some(_) => s,
         };
         let snapshot_meta = snapshot.map(|x| x.meta).unwrap_or_default();
 
