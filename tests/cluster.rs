@@ -301,6 +301,31 @@ async fn a_follower_catches_up_on_a_large_backlog() {
     assert_converged(&c, "big", &acked).await;
 }
 
+/// One entry that takes longer than a heartbeat interval to reach a follower and be fsynced
+/// there (a batch of 15 MB, heartbeats every 5 ms) commits, and so does what follows it.
+/// openraft gave every AppendEntries one heartbeat interval: such an entry was sent again and
+/// again, and no write after it ever committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_slower_to_replicate_than_a_heartbeat_commits() {
+    let c = Cluster::start(Options { heartbeat_ms: 5, ..Options::default() }).await;
+    create_topic(&c, "large").await;
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let pad = "x".repeat(1_000_000);
+    let batch: Vec<Value> = (0..15).map(|i| json!({"id": format!("l{i}"), "payload": pad})).collect();
+    let r = post(&format!("{l}/topics/large/messages/batch"), &json!({"messages": batch})).await.unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let mut acked: HashMap<String, u64> = r.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|res| (res["id"].as_str().unwrap().to_string(), res["sequence"].as_u64().unwrap()))
+        .collect();
+    let r = post(&format!("{l}/topics/large/messages"), &json!({"id": "after", "payload": 1})).await.unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    acked.insert("after".into(), r.body["sequence"].as_u64().unwrap());
+    assert_converged(&c, "large", &acked).await;
+}
+
 /// A data dir is its node's: started under another `--id` (a swapped volume, a typo), the
 /// node refuses it with one line that says whose it is, and exits 1 without touching it.
 #[tokio::test]

@@ -87,6 +87,10 @@ pub enum ConfigError {
     Timings,
     #[error("--snapshot-logs must be at least 1")]
     SnapshotLogs,
+    #[error(
+        "--cluster-secret must be printable ASCII with no space or newline at either end: it travels in an HTTP header"
+    )]
+    ClusterSecret,
 }
 
 impl Config {
@@ -104,6 +108,14 @@ impl Config {
         }
         if flags.snapshot_logs == 0 {
             return Err(ConfigError::SnapshotLogs);
+        }
+        let cluster_secret = flags.cluster_secret.filter(|s| !s.is_empty());
+        // Refused here, not at the first dial: a secret read from a file with its newline
+        // could not be sent, and one with other characters would not compare equal on the
+        // peer, so the node would run without ever reaching a peer.
+        let header_safe = |s: &str| s.bytes().all(|b| (b' '..=b'~').contains(&b)) && s.trim() == s;
+        if cluster_secret.as_deref().is_some_and(|s| !header_safe(s)) {
+            return Err(ConfigError::ClusterSecret);
         }
         let peers = match &flags.peers {
             Some(text) if !text.trim().is_empty() => parse_peers(text)?,
@@ -130,7 +142,7 @@ impl Config {
             data_dir: flags.data_dir.unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
             advertise,
             peers,
-            cluster_secret: flags.cluster_secret.filter(|s| !s.is_empty()),
+            cluster_secret,
             heartbeat_ms: flags.heartbeat_ms,
             election_timeout_ms: flags.election_timeout_ms,
             snapshot_logs: flags.snapshot_logs,
@@ -197,6 +209,19 @@ mod tests {
         assert_eq!(c.peers, BTreeMap::from([(1, "127.0.0.1:8080".to_string())]));
         assert_eq!(c.data_dir, PathBuf::from("./data/node-1"));
         assert!(c.is_bootstrapper());
+    }
+
+    #[test]
+    fn a_cluster_secret_that_cannot_travel_in_a_header_is_refused() {
+        for bad in ["s3cret\n", " s3cret", "s3cret ", "sécret", "a\tb"] {
+            let refused = Config::from_flags(flags(&["--cluster-secret", bad]));
+            assert!(matches!(refused, Err(ConfigError::ClusterSecret)), "{bad:?}");
+        }
+        for fine in ["s3cret", "two words", "!~#$%"] {
+            let c = Config::from_flags(flags(&["--cluster-secret", fine])).unwrap();
+            assert_eq!(c.cluster_secret.as_deref(), Some(fine));
+        }
+        assert_eq!(Config::from_flags(flags(&["--cluster-secret", ""])).unwrap().cluster_secret, None);
     }
 
     #[test]

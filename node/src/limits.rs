@@ -210,13 +210,14 @@ pub const SUBSCRIBERS_LIST_MAX: usize = 10_000;
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// AppendEntries with more than one entry are split (openraft's `PayloadTooLarge`) past this
-/// size. openraft gives an AppendEntries one heartbeat interval to complete, follower fsync
-/// included: a follower catching up on a large backlog must get it in pieces that fit, or it
-/// never catches up and the leader's heartbeats time out behind them.
+/// size. An AppendEntries carrying entries has a snapshot chunk's deadline to complete,
+/// follower fsync included (`vendor/openraft/PATCHED.md`): a follower catching up on a large
+/// backlog over a slow link gets it in pieces that fit, and in halves after a timeout.
 pub const APPEND_ENTRIES_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
-/// A peer connection with requests waiting and nothing received for this long is dropped
-/// and re-dialed: a partition can stall a TCP connection forever without an error.
+/// A peer connection with requests waiting and nothing received for this long (pongs
+/// included), or a write to it that moved no byte for this long, is dropped and re-dialed: a
+/// partition can stall a TCP connection forever without an error.
 pub const PEER_STALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Longest a dial to a peer may take.

@@ -7,12 +7,16 @@
 //! its caller by id, so a vote never queues behind a large AppendEntries.
 
 use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderValue;
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use openraft::error::{NetworkError, PayloadTooLarge, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -21,6 +25,7 @@ use raft_store::typ::{
     RPCError, VoteRequest, VoteResponse,
 };
 use raft_store::{Node, NodeId, TypeConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -32,7 +37,7 @@ use crate::limits::{
     APPEND_ENTRIES_BYTES_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT,
     RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
 };
-use crate::net::Env;
+use crate::net::{BoxedStream, Env};
 
 /// Why an RPC did not get an answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -114,9 +119,15 @@ impl PeerConn {
 
 type Ws = tokio_tungstenite::WebSocketStream<crate::net::BoxedStream>;
 
-async fn dial(env: &Env, addr: &str, secret: &Option<String>) -> Result<Ws, TransportError> {
+async fn dial(
+    env: &Env,
+    addr: &str,
+    secret: &Option<String>,
+    progress: &Arc<WriteProgress>,
+) -> Result<Ws, TransportError> {
     let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
-    let stream = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
+    let inner = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
+    let stream: BoxedStream = Box::new(Metered { inner, progress: progress.clone() });
     let mut request = format!("ws://{addr}/raft").into_client_request().map_err(|e| unreachable(&e))?;
     if let Some(secret) = secret {
         let value = HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
@@ -132,7 +143,8 @@ async fn dial(env: &Env, addr: &str, secret: &Option<String>) -> Result<Ws, Tran
 async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::Receiver<Outgoing>) {
     loop {
         let Some(first) = rx.recv().await else { return };
-        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &secret)).await {
+        let progress = WriteProgress::new();
+        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &secret, &progress)).await {
             Ok(Ok(ws)) => ws,
             Ok(Err(e)) => {
                 fail_queued(first, &mut rx, e);
@@ -157,13 +169,8 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
                 }
                 let was_idle = pending.is_empty();
                 pending.insert(out.id, out.reply);
-                // A peer that stopped reading (blackholed, hung) fills the socket's buffers and
-                // the write never ends: bounded, so the connection is dropped and dialed again
-                // instead of holding every later request, heartbeats included, behind it.
-                match tokio::time::timeout(PEER_STALL_TIMEOUT, sink.send(Message::Binary(out.frame.into()))).await {
-                    Err(_) => break "stalled: a write did not complete".into(),
-                    Ok(Err(e)) => break e.to_string(),
-                    Ok(Ok(())) => {}
+                if let Err(e) = write_moving(&mut sink, Message::Binary(out.frame.into()), &progress).await {
+                    break e;
                 }
                 // Silence is counted from when the request was out, not from before a long
                 // write (a snapshot chunk on a slow link).
@@ -172,11 +179,10 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
                 }
                 continue;
             }
+            // Answers first: after a long write, those already in the socket must count
+            // before the stall check does.
             tokio::select! {
-                out = rx.recv() => match out {
-                    Some(out) => next = Some(out),
-                    None => return,
-                },
+                biased;
                 msg = stream.next() => match msg {
                     Some(Ok(Message::Binary(bytes))) => {
                         quiet_since = Instant::now();
@@ -199,13 +205,31 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
                         }
                     }
                     Some(Ok(Message::Close(_))) | None => break "closed by peer".into(),
+                    // Pongs among them: the peer is there, however slow its answers.
                     Some(Ok(_)) => quiet_since = Instant::now(),
                     Some(Err(e)) => break e.to_string(),
                 },
+                out = rx.recv() => match out {
+                    Some(out) => next = Some(out),
+                    None => return,
+                },
                 _ = check.tick() => {
                     pending.retain(|_, reply| !reply.is_closed());
-                    if !pending.is_empty() && quiet_since.elapsed() > PEER_STALL_TIMEOUT {
+                    let quiet = quiet_since.elapsed();
+                    if pending.is_empty() {
+                        continue;
+                    }
+                    if quiet > PEER_STALL_TIMEOUT {
                         break "stalled: no response".into();
+                    }
+                    // An answer may take seconds (the last chunk of a snapshot is answered
+                    // once it is installed): a ping asks the peer's socket, which answers at
+                    // once, whether the peer is still there. Dropped, the connection would
+                    // fail every request on it and the snapshot would be sent again.
+                    if quiet >= PEER_STALL_TIMEOUT / 3 {
+                        if let Err(e) = write_moving(&mut sink, Message::Ping(Default::default()), &progress).await {
+                            break e;
+                        }
                     }
                 }
             }
@@ -213,6 +237,98 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
         tracing::debug!(peer = %addr, %reason, "raft connection closed");
         for (_, reply) in pending.drain() {
             let _ = reply.send(Err(TransportError::Network(reason.clone())));
+        }
+    }
+}
+
+/// When a peer stream last wrote a byte: a write on a slow link moves, a stalled one does not.
+struct WriteProgress {
+    base: Instant,
+    /// Nanoseconds from `base` to the last write that moved bytes.
+    last: AtomicU64,
+}
+
+impl WriteProgress {
+    fn new() -> Arc<Self> {
+        Arc::new(Self { base: Instant::now(), last: AtomicU64::new(0) })
+    }
+
+    fn note(&self) {
+        self.last.store(self.base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn stalled_for(&self) -> Duration {
+        self.base.elapsed().saturating_sub(Duration::from_nanos(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+/// A peer stream that notes its write progress.
+struct Metered {
+    inner: BoxedStream,
+    progress: Arc<WriteProgress>,
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.progress.note();
+        }
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.progress.note();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Writes `message`, however long a slow link takes, unless it moves no byte for
+/// [`PEER_STALL_TIMEOUT`]: a peer that stopped reading (blackholed, hung) fills the sockets'
+/// buffers and the write would never end, holding every later request, heartbeats included.
+async fn write_moving(
+    sink: &mut SplitSink<Ws, Message>,
+    message: Message,
+    progress: &WriteProgress,
+) -> Result<(), String> {
+    progress.note();
+    let send = sink.send(message);
+    tokio::pin!(send);
+    let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            sent = &mut send => return sent.map_err(|e| e.to_string()),
+            _ = check.tick() => {
+                if progress.stalled_for() > PEER_STALL_TIMEOUT {
+                    return Err("stalled: a write moved nothing".into());
+                }
+            }
         }
     }
 }
@@ -283,7 +399,10 @@ impl PeerClient {
     async fn call_raw(&self, request: RpcRequest, option: &RPCOption) -> Result<RpcResponse, TransportError> {
         // openraft bounds some calls by the same deadline and treats its own expiry
         // differently (a snapshot chunk is then not retried): the margin lets its timer win.
-        let timeout = option.hard_ttl() + PEER_CALL_TIMEOUT_MARGIN;
+        self.call_within(request, option.hard_ttl() + PEER_CALL_TIMEOUT_MARGIN).await
+    }
+
+    async fn call_within(&self, request: RpcRequest, timeout: Duration) -> Result<RpcResponse, TransportError> {
         let response = self.conn.call(request, timeout).await?;
         if let RpcResponse::WrongNode { actual } = response {
             return Err(TransportError::Unreachable(format!(
@@ -319,7 +438,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > APPEND_ENTRIES_BYTES_MAX {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)));
         }
-        match self.call_raw(RpcRequest::AppendEntries { target: self.target, req }, &option).await {
+        // Several entries end before openraft's own deadline would: seeing the timeout here
+        // is what lets the next try carry half as many.
+        let request = RpcRequest::AppendEntries { target: self.target, req };
+        let sent = if entries > 1 {
+            self.call_within(request, option.soft_ttl()).await
+        } else {
+            self.call_raw(request, &option).await
+        };
+        match sent {
             Ok(RpcResponse::AppendEntries(r)) => r.map_err(|e| remote_error(self.target, e)),
             Ok(_) => Err(unexpected()),
             Err(e) => {
@@ -386,6 +513,34 @@ mod tests {
         (addr, accepted)
     }
 
+    /// A peer that answers each request `delay` after it came, reading (and so answering
+    /// pings) meanwhile, as a node installing a snapshot does.
+    async fn peer_that_answers_after(delay: Duration) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let Ok(ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+                let (sink, mut stream) = ws.split();
+                let sink = Arc::new(tokio::sync::Mutex::new(sink));
+                tokio::spawn(async move {
+                    while let Some(Ok(message)) = stream.next().await {
+                        let Message::Binary(bytes) = message else { continue };
+                        let id = decode::<RpcRequest>(&bytes).unwrap().id;
+                        let sink = sink.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let body = RpcResponse::Forward(Err(super::super::codec::ForwardError::NotLeader));
+                            let answer = encode(&Frame { id, body }).unwrap();
+                            let _ = sink.lock().await.send(Message::Binary(answer.into())).await;
+                        });
+                    }
+                });
+            }
+        });
+        addr
+    }
+
     fn forward_of(payload_bytes: usize) -> RpcRequest {
         let message = NewMessage { id: "m".into(), timestamp: 0, payload: Bytes::from(vec![b'1'; payload_bytes]) };
         RpcRequest::Forward { req: Request::publish("t".into(), vec![message], 0, false) }
@@ -418,6 +573,17 @@ mod tests {
         // One entry that times out sets no cap.
         let _ = client.append_entries(request(1), option.clone()).await;
         assert_eq!(client.entries_cap, None);
+    }
+
+    /// An answer slower than the stall timeout, from a peer whose socket answers pings, comes
+    /// through on the same connection: dropped, the connection would fail every request on it
+    /// (a snapshot's last chunk, answered once installed, would be sent again from the start).
+    #[tokio::test]
+    async fn a_slow_answer_from_a_peer_that_answers_pings_keeps_the_connection() {
+        let addr = peer_that_answers_after(PEER_STALL_TIMEOUT + Duration::from_secs(1)).await;
+        let pool = PeerPool::new(Env::production(None), None);
+        let answer = pool.conn(2, &addr).call(forward_of(1), PEER_STALL_TIMEOUT * 3).await;
+        assert!(matches!(answer, Ok(RpcResponse::Forward(Err(_)))), "{answer:?}");
     }
 
     /// A peer whose Raft stopped answers `Fatal` at once: openraft must back off, not resend.

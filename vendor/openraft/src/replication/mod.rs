@@ -462,7 +462,15 @@ where
             self.config.heartbeat_interval
         );
 
-        let the_timeout = Duration::from_millis(self.config.heartbeat_interval);
+        // PATCHED (pubsub-raft): entries get the deadline of a snapshot chunk, not of a heartbeat.
+        // One large entry (a batch of megabytes) that takes longer than a heartbeat interval to
+        // reach a follower and be fsynced there was sent again and again, and nothing after it
+        // ever committed.
+        let the_timeout = if payload.entries.is_empty() {
+            Duration::from_millis(self.config.heartbeat_interval)
+        } else {
+            Duration::from_millis(self.config.heartbeat_interval.max(self.config.install_snapshot_timeout))
+        };
         let option = RPCOption::new(the_timeout);
         let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
 
