@@ -57,6 +57,9 @@ pub struct App {
     /// Bytes of message pages read from storage and not yet sent (subscriptions and
     /// `GET /messages`): lagging readers of large messages cannot hold the node's memory.
     pub read_pages: crate::budget::ByteBudget,
+    /// Raft requests received and not yet answered, in bytes (see
+    /// [`crate::limits::RAFT_INBOUND_BYTES_MAX`]).
+    pub raft_inbound: crate::budget::ByteBudget,
 }
 
 /// A write in the proposer's queue ([`App::queue_write`]), to be awaited with

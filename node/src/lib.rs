@@ -108,6 +108,7 @@ where
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
+        raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));

@@ -231,6 +231,12 @@ pub const PEER_CALL_TIMEOUT_MARGIN: Duration = Duration::from_millis(50);
 /// it, the connection is not read until one is answered.
 pub const RAFT_SERVER_INFLIGHT_MAX: usize = 256;
 
+/// Bytes of Raft requests received from peers that a node holds at once, all connections
+/// together, until each is answered. The per-connection bound alone let a peer that redials
+/// (each connection a new 256 requests) park gigabytes in openraft's unbounded queue while a
+/// stalled disk held the Raft core; past it, no connection is read until requests end.
+pub const RAFT_INBOUND_BYTES_MAX: usize = 256 * 1024 * 1024;
+
 /// Requests queued to one peer connection.
 pub const PEER_QUEUE_LEN: usize = 1024;
 
@@ -271,6 +277,8 @@ const _: () = {
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
     assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
+    // The largest request still passes alongside others.
+    assert!(RAFT_MESSAGE_BYTES_MAX * 2 <= RAFT_INBOUND_BYTES_MAX);
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
     assert!(SUBSCRIBE_PAGE_PAYLOAD_BYTES <= raft_store::limits::READ_BYTES_MAX);

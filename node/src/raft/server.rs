@@ -87,11 +87,16 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
             },
             _ = app.shutdown.cancelled() => break,
         };
+        // Held with the request until it is answered, even if this connection ends first.
+        let bytes_held = tokio::select! {
+            held = app.raft_inbound.take(bytes.len()) => held,
+            _ = app.shutdown.cancelled() => break,
+        };
         // Each RPC runs on its own task so a slow one (a snapshot chunk) does not hold up
         // votes and heartbeats on the same connection.
         let (app, sink) = (app.clone(), sink.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, bytes_held);
             let body = dispatch(&app, frame.body).await;
             answer(&sink, Frame { id: frame.id, body }).await;
         });
