@@ -488,6 +488,7 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
         "pubsub_raft_last_log_index",
         "pubsub_raft_log_bytes",
         "pubsub_storage_table_file_bytes{column_family=\"messages\"}",
+        "pubsub_raft_inbound_bytes",
     ] {
         assert!(text.contains(metric), "missing {metric} in\n{text}");
     }

@@ -80,6 +80,7 @@ pub struct Metrics {
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
+    raft_inbound_bytes: Gauge<u64, AtomicU64>,
 }
 
 /// What the log store reports of its fsyncs ([`FsyncObserver`]).
@@ -169,6 +170,12 @@ impl Default for Metrics {
             "Bytes of message pages read from storage and not yet sent (subscriptions, GET messages), bounded per node",
             read_pages_bytes.clone(),
         );
+        let raft_inbound_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "raft_inbound_bytes",
+            "Bytes of Raft requests received from peers and not yet answered, bounded per node",
+            raft_inbound_bytes.clone(),
+        );
         Self {
             registry,
             publishes,
@@ -188,6 +195,7 @@ impl Default for Metrics {
             follower_lag,
             table_file_bytes,
             read_pages_bytes,
+            raft_inbound_bytes,
         }
     }
 }
@@ -229,6 +237,7 @@ impl Metrics {
         self.log_bytes.set(app.log_files.bytes());
         self.subscribers.set(app.subscription_count() as i64);
         self.read_pages_bytes.set(app.read_pages.held() as u64);
+        self.raft_inbound_bytes.set(app.raft_inbound.held() as u64);
         self.topic_sequence.clear();
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);
