@@ -144,7 +144,7 @@ impl Segment {
     /// Makes the records durable and cuts the file after them, before a newer segment starts:
     /// only the newest segment may have bytes past its last record.
     /// Also cuts bytes a failed write may have left past `len`.
-    fn seal(&mut self) -> Result<(), StoreError> {
+    fn seal(&mut self) -> io::Result<()> {
         if self.preallocated || self.file.metadata()?.len() != self.len {
             self.file.set_len(self.len)?;
             self.file.sync_all()?;
@@ -259,10 +259,7 @@ impl SegmentLog {
                             fs::remove_file(&empty.path)?;
                         }
                     } else if let Some(full) = segments.back_mut() {
-                        full.seal().map_err(|e| match e {
-                            StoreError::Io(e) => self.sync_failed(e),
-                            other => other,
-                        })?;
+                        full.seal().map_err(|e| self.sync_failed(e))?;
                     }
                     segments.push_back(self.create(next)?);
                     segments.len() - 1

@@ -397,6 +397,47 @@ async fn every_durable_append_is_reported_to_the_fsync_observer() {
     assert_eq!((inline.fsyncs.load(Relaxed), inline.appends.load(Relaxed)), (3, 3));
 }
 
+/// A store (inline fsyncs) holding entries 0–2, appended and applied: from index 0, as a real
+/// log (openraft reads the first entry's id on start).
+async fn store_with_durable_entries(dir: &std::path::Path) -> raft_store::Store {
+    let mut store = raft_store::open_with(dir, raft_store::IoMode::Inline).unwrap();
+    let durable = vec![entry(0, create("a")), entry(1, publish("a", "x")), entry(2, publish("a", "y"))];
+    store.log_store.blocking_append(durable.clone()).await.unwrap();
+    store.state_machine.apply(durable).await.unwrap();
+    store
+}
+
+/// Entries 3 and 4, which the power cuts below lose from the log.
+fn lost_entries() -> Vec<Entry> {
+    vec![entry(3, publish("a", "z")), entry(4, publish("a", "w"))]
+}
+
+/// Drops every handle of `store` and waits until RocksDB is closed.
+async fn close(store: raft_store::Store) {
+    let closed = store.closed;
+    drop((store.log_store, store.state_machine, store.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
+}
+
+/// The log's only segment file and its length when marked: a power cut loses what was written
+/// to it after, never fsynced.
+struct LogCut {
+    segment: std::path::PathBuf,
+    len: u64,
+}
+
+impl LogCut {
+    fn here(dir: &std::path::Path) -> Self {
+        let segment = std::fs::read_dir(dir.join("log")).unwrap().next().unwrap().unwrap().path();
+        let len = std::fs::metadata(&segment).unwrap().len();
+        Self { segment, len }
+    }
+
+    fn power_cut(&self) {
+        std::fs::OpenOptions::new().write(true).open(&self.segment).unwrap().set_len(self.len).unwrap();
+    }
+}
+
 /// A leader saves a commit index its followers fsynced before its own flush of those entries
 /// ends (`save_committed` is not fsynced), and a later synced write (a vote) can make the index
 /// durable first. After a power cut that loses the unflushed entries, the node must still start:
@@ -406,24 +447,17 @@ async fn a_commit_index_ahead_of_the_durable_log_after_a_power_cut_still_starts(
     use openraft::storage::StorageHelper;
     use openraft::Vote;
     let dir = tempfile::tempdir().unwrap();
-    let segment = {
-        let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
-        // From index 0, as a real log (openraft reads the first entry's id on start).
-        let durable = vec![entry(0, create("a")), entry(1, publish("a", "x")), entry(2, publish("a", "y"))];
-        store.log_store.blocking_append(durable.clone()).await.unwrap();
-        store.state_machine.apply(durable).await.unwrap();
-        let segment = std::fs::read_dir(dir.path().join("log")).unwrap().next().unwrap().unwrap().path();
-        let durable_len = std::fs::metadata(&segment).unwrap().len();
-        store.log_store.blocking_append([entry(3, publish("a", "z")), entry(4, publish("a", "w"))]).await.unwrap();
+    let cut = {
+        let mut store = store_with_durable_entries(dir.path()).await;
+        let cut = LogCut::here(dir.path());
+        store.log_store.blocking_append(lost_entries()).await.unwrap();
         store.log_store.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 4))).await.unwrap();
         store.log_store.save_vote(&Vote::new(2, 2)).await.unwrap();
-        let closed = store.closed;
-        drop((store.log_store, store.state_machine, store.reader));
-        assert!(closed.wait(Duration::from_secs(5)).await);
-        (segment, durable_len)
+        close(store).await;
+        cut
     };
     // The power cut: entries 3 and 4 never reached the disk.
-    std::fs::OpenOptions::new().write(true).open(&segment.0).unwrap().set_len(segment.1).unwrap();
+    cut.power_cut();
 
     let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
     let committed = store.log_store.read_committed().await.unwrap();
@@ -443,26 +477,19 @@ async fn a_commit_index_ahead_of_the_durable_log_after_a_power_cut_still_starts(
 async fn a_state_machine_ahead_of_the_durable_log_after_a_power_cut_gets_a_snapshot_covering_it() {
     use openraft::storage::StorageHelper;
     let dir = tempfile::tempdir().unwrap();
-    let segment = {
-        let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
-        let durable = vec![entry(0, create("a")), entry(1, publish("a", "x")), entry(2, publish("a", "y"))];
-        store.log_store.blocking_append(durable.clone()).await.unwrap();
-        store.state_machine.apply(durable).await.unwrap();
+    let cut = {
+        let mut store = store_with_durable_entries(dir.path()).await;
         let built = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
         assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(2));
-        let segment = std::fs::read_dir(dir.path().join("log")).unwrap().next().unwrap().unwrap().path();
-        let durable_len = std::fs::metadata(&segment).unwrap().len();
-        let lost = vec![entry(3, publish("a", "z")), entry(4, publish("a", "w"))];
-        store.log_store.blocking_append(lost.clone()).await.unwrap();
-        store.state_machine.apply(lost).await.unwrap();
+        let cut = LogCut::here(dir.path());
+        store.log_store.blocking_append(lost_entries()).await.unwrap();
+        store.state_machine.apply(lost_entries()).await.unwrap();
         // Closing flushes the state machine to disk, as a memtable flush may before a power cut.
-        let closed = store.closed;
-        drop((store.log_store, store.state_machine, store.reader));
-        assert!(closed.wait(Duration::from_secs(5)).await);
-        (segment, durable_len)
+        close(store).await;
+        cut
     };
     // The power cut: entries 3 and 4 never reached the log's disk.
-    std::fs::OpenOptions::new().write(true).open(&segment.0).unwrap().set_len(segment.1).unwrap();
+    cut.power_cut();
 
     let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
     StorageHelper::new(&mut store.log_store, &mut store.state_machine).get_initial_state().await.unwrap();

@@ -136,11 +136,14 @@ struct Readable {
 /// Refuses already-validated JSON that common readers could not read back once stored:
 /// arrays and objects nested deeper than [`PAYLOAD_DEPTH_MAX`], or a number beyond what an
 /// f64 holds (`1e400` is valid JSON, but serde_json, this project's client among its users,
-/// refuses it, and JavaScript reads it as `Infinity`). One walk over the bytes, the only one
-/// a compact payload gets on the publish path.
+/// refuses it, and JavaScript reads it as `Infinity`), or a lone UTF-16 surrogate escape.
+/// One walk over the bytes, the only one a compact payload without `\uD` escapes gets on the
+/// publish path.
 fn readable(text: &str) -> Result<Readable, String> {
     let (mut depth, mut deepest, mut spaced) = (0usize, 0usize, false);
     let (mut at, mut number_start, mut too_large) = (0usize, None::<usize>, None::<usize>);
+    // The two bytes before this one, to spot a `\uD` escape (see below) in the same walk.
+    let (mut before_last, mut last, mut surrogate_escape) = (0u8, 0u8, false);
     let mut end_number = |start: usize, end: usize| {
         let number = &text[start..end];
         // Only an exponent or some 300 digits reach past f64's range.
@@ -159,6 +162,10 @@ fn readable(text: &str) -> Result<Readable, String> {
             None if in_number && (b == b'-' || b.is_ascii_digit()) => number_start = Some(at),
             _ => {}
         }
+        if in_string && before_last == b'\\' && last == b'u' && (b | 0x20) == b'd' {
+            surrogate_escape = true;
+        }
+        (before_last, last) = (last, b);
         match b {
             _ if in_string => {}
             b'[' | b'{' => {
@@ -185,7 +192,6 @@ fn readable(text: &str) -> Result<Readable, String> {
     // surrogate (`"\ud800"`) would be stored, and a strict reader (this project's client among
     // them) would then refuse every page holding it. Only payloads with an escape in the
     // surrogate range (`\uD800`-`\uDFFF`, emoji as Python writes them) are decoded to check.
-    let surrogate_escape = text.as_bytes().windows(3).any(|w| w[0] == b'\\' && w[1] == b'u' && (w[2] | 0x20) == b'd');
     if surrogate_escape {
         if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
             // Valid JSON but for the pairing, so this is the only error left.

@@ -215,10 +215,10 @@ async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::
                 },
                 _ = check.tick() => {
                     pending.retain(|_, reply| !reply.is_closed());
-                    let quiet = quiet_since.elapsed();
                     if pending.is_empty() {
                         continue;
                     }
+                    let quiet = quiet_since.elapsed();
                     if quiet > PEER_STALL_TIMEOUT {
                         break "stalled: no response".into();
                     }
@@ -319,16 +319,14 @@ async fn write_moving(
     progress.note();
     let send = sink.send(message);
     tokio::pin!(send);
-    let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One timer per write, as long as the write keeps moving (nearly always done at once).
     loop {
-        tokio::select! {
-            sent = &mut send => return sent.map_err(|e| e.to_string()),
-            _ = check.tick() => {
-                if progress.stalled_for() > PEER_STALL_TIMEOUT {
-                    return Err("stalled: a write moved nothing".into());
-                }
-            }
+        let left = PEER_STALL_TIMEOUT.saturating_sub(progress.stalled_for());
+        if left.is_zero() {
+            return Err("stalled: a write moved nothing".into());
+        }
+        if let Ok(sent) = tokio::time::timeout(left, &mut send).await {
+            return sent.map_err(|e| e.to_string());
         }
     }
 }

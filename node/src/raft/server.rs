@@ -80,23 +80,20 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
                 }
             },
         };
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
+        // A slot of this connection and the request's bytes of the node's budget, held until
+        // it is answered, even if this connection ends first.
+        let held = tokio::select! {
+            held = async { (permits.clone().acquire_owned().await, app.raft_inbound.take(bytes.len()).await) } => match held {
+                (Ok(permit), bytes) => (permit, bytes),
+                (Err(_), _) => break,
             },
-            _ = app.shutdown.cancelled() => break,
-        };
-        // Held with the request until it is answered, even if this connection ends first.
-        let bytes_held = tokio::select! {
-            held = app.raft_inbound.take(bytes.len()) => held,
             _ = app.shutdown.cancelled() => break,
         };
         // Each RPC runs on its own task so a slow one (a snapshot chunk) does not hold up
         // votes and heartbeats on the same connection.
         let (app, sink) = (app.clone(), sink.clone());
         tokio::spawn(async move {
-            let _held = (permit, bytes_held);
+            let _held = held;
             let body = dispatch(&app, frame.body).await;
             answer(&sink, Frame { id: frame.id, body }).await;
         });
