@@ -25,6 +25,9 @@ pub struct TopicSignal {
     /// was deleted all the same.
     pub deletions: u64,
     pub deleted_after: u64,
+    /// When the topic was last created (a revive sets it again): how a snapshot install,
+    /// which skips the entries in between, tells that the topic was deleted and revived.
+    pub created_at: u64,
 }
 
 impl TopicSignal {
@@ -45,6 +48,7 @@ impl TopicSignal {
                 first_sequence: r.first_sequence,
                 deleted: r.deleted,
                 exists: true,
+                created_at: r.created_at,
                 ..Self::default()
             },
             None => Self::default(),
@@ -109,13 +113,36 @@ impl Feeds {
         self.applied.send_replace(index);
     }
 
-    /// After a snapshot install every topic may have changed.
+    /// After a snapshot install every topic may have changed, and may have been deleted in
+    /// the entries the install skipped (see [`skipped_deletion`]).
     pub(crate) fn notify_all(&self, topics: &Topics) {
         let mut watchers = self.lock();
         watchers.retain(|name, sender| {
-            sender.send_modify(|signal| *signal = signal.after(topics.by_name.get(name), None));
+            sender.send_modify(|signal| {
+                let record = topics.by_name.get(name);
+                *signal = signal.after(record, skipped_deletion(signal, record));
+            });
             sender.receiver_count() > 0
         });
+    }
+}
+
+/// The deletion a snapshot install skipped over, if the topic went from `before` to `after`
+/// through one, and the sequence to deliver up to before announcing it: the topic is deleted
+/// now (at its current end, where it stopped taking publishes), or it was live before and has
+/// been created again since. For the latter, where it was deleted is not in the snapshot; what
+/// this node had applied is the most a subscriber is sure to be owed before the deletion, and
+/// one that resumes from its cursor gets the rest.
+fn skipped_deletion(before: &TopicSignal, after: Option<&TopicRecord>) -> Option<u64> {
+    let after = after?;
+    if !before.exists {
+        return None;
+    }
+    let recreated = after.created_at != before.created_at;
+    match (before.deleted, after.deleted, recreated) {
+        (false, true, _) | (true, true, true) => Some(after.current_sequence),
+        (false, false, true) => Some(before.current_sequence),
+        _ => None,
     }
 }
 

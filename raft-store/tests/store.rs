@@ -192,6 +192,52 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
     assert_eq!(dump(&reopened.reader), dump(&leader.reader));
 }
 
+/// A snapshot install skips the entries it covers: a topic deleted among them, created again
+/// or not, is still signalled as deleted to those watching it on the follower (a subscriber
+/// there gets `topic_deleted`), and a snapshot without a deletion signals none.
+#[tokio::test]
+async fn a_deletion_a_snapshot_install_skips_over_is_still_signalled() {
+    for case in ["kept", "deleted", "revived"] {
+        let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut leader = raft_store::open(leader_dir.path()).unwrap();
+        let mut follower = raft_store::open(follower_dir.path()).unwrap();
+        let both = vec![entry(1, create("a")), entry(2, publish("a", "m1")), entry(3, publish("a", "m2"))];
+        leader.state_machine.apply(both.clone()).await.unwrap();
+        follower.state_machine.apply(both).await.unwrap();
+        let mut watch = follower.reader.watch_topic("a");
+        let before = *watch.borrow_and_update();
+
+        let mut skipped = vec![entry(4, publish("a", "m3"))];
+        if case != "kept" {
+            skipped.push(entry(5, Request::DeleteTopic { topic: "a".into() }));
+        }
+        if case == "revived" {
+            let revive =
+                Request::CreateTopic { topic: "a".into(), metadata: None, retention: Retention::default(), now_ms: 50 };
+            skipped.extend([entry(6, revive), entry(7, publish("a", "m4"))]);
+        }
+        leader.state_machine.apply(skipped).await.unwrap();
+        let snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+
+        assert!(watch.has_changed().unwrap(), "{case}");
+        let after = *watch.borrow();
+        let (deletions, deleted, deleted_after, current) = match case {
+            "kept" => (0, false, 0, 3),
+            // Exactly where the topic stopped taking publishes.
+            "deleted" => (1, true, 3, 3),
+            // Where is not in the snapshot: up to what the follower had applied.
+            _ => (1, false, 2, 4),
+        };
+        assert_eq!(after.deletions - before.deletions, deletions, "{case}");
+        assert_eq!(after.deleted, deleted, "{case}");
+        assert_eq!(after.current_sequence, current, "{case}");
+        if deletions > 0 {
+            assert_eq!(after.deleted_after, deleted_after, "{case}");
+        }
+    }
+}
+
 /// A received snapshot with a hole in it (a stretch of zeros, as chunks written at the wrong
 /// offset leave) or cut short is refused before the install touches anything: the follower
 /// keeps its state and restarts cleanly, instead of failing the install again at every start.
