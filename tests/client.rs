@@ -400,6 +400,18 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     let error: Value = serde_json::from_str(err.trim()).expect("a JSON error");
     assert_eq!(error["error"], "topic_not_found");
 
+    // Publishing again under an id already stored (how a failed publish is made sure of) is
+    // a success that names the first copy's sequence, and stores nothing more.
+    let again = ["-s", s, "--json", "publish", "orders", r#"{"order_id":"ORD-1"}"#, "--id", "ord-1"];
+    let (code, out, err) = pubsub(&again, None).await;
+    assert_eq!(code, 0, "{err}");
+    let first: Value = serde_json::from_str(out.trim()).expect("a JSON ack");
+    let (code, out, err) = pubsub(&again, None).await;
+    assert_eq!(code, 0, "{err}");
+    let second: Value = serde_json::from_str(out.trim()).expect("a JSON ack");
+    assert_eq!((second["duplicate"].as_bool(), &second["sequence"]), (Some(true), &first["sequence"]), "{out}");
+    assert!(first["sequence"].as_u64().is_some() && first["duplicate"] == false, "{first}");
+
     // Nothing listens: exit 3, quickly with a small retry budget.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").to_string();
     let started = std::time::Instant::now();

@@ -275,6 +275,9 @@ impl Client {
         if known.is_empty() {
             return Err(Error::InvalidArgument("no server address given".into()));
         }
+        if config.subscribe_ping_interval.is_zero() {
+            return Err(Error::InvalidArgument("the subscription ping interval must be above zero".into()));
+        }
         let http = http::Http::new(config.connect_timeout);
         Ok(Client {
             inner: Arc::new(Inner { http, config, nodes: Mutex::new(Nodes { known, leader: None, next: 0 }) }),
@@ -441,7 +444,12 @@ impl Client {
         }
         // A `409` whose `existing_sequence` is null never comes back from `execute`: it is
         // retried until the first publish resolves (see `retry::classify`).
-        let reply = self.execute(&call).await?;
+        let reply = self.execute(&call).await.map_err(|error| match error {
+            // Name the id, generated here when the caller gave none: only with it can the
+            // caller publish again without storing the message twice.
+            Error::Indeterminate { source, .. } => Error::Indeterminate { id: Some(id.clone()), source },
+            other => other,
+        })?;
         if reply.status == 409 && reply.maybe_applied {
             let err = reply.api_error();
             if let (ErrorCode::DuplicateMessageId, Some(sequence)) = (&err.code, err.existing_sequence()) {

@@ -268,6 +268,19 @@ pub enum Error {
         /// The sequence that arrived instead of `last_delivered + 1`.
         received: u64,
     },
+    /// The retries ran out after an attempt that may have taken effect on the server: its
+    /// answer was lost, or the cluster could not confirm it (`504`, `500 not_committed`) and
+    /// later attempts never got a final answer. A publish may be stored. Publishing again with
+    /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
+    /// says it was stored). `source` is the last attempt's failure.
+    #[error("{}outcome unknown, it may have taken effect: {source}", id.as_deref().map(|id| format!("message {id}: ")).unwrap_or_default())]
+    Indeterminate {
+        /// The message id, for a single publish (the generated one when the caller gave none).
+        id: Option<String>,
+        /// Why the last attempt failed.
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -275,13 +288,24 @@ impl Error {
     pub fn api(&self) -> Option<&ApiError> {
         match self {
             Error::Api(api) => Some(api),
+            Error::Indeterminate { source, .. } => source.api(),
             _ => None,
         }
     }
 
     /// True when the cluster could not be reached or had no leader (CLI exit code 3).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, Error::NoLeader { .. } | Error::Unreachable { .. } | Error::Timeout { .. })
+        match self {
+            Error::NoLeader { .. } | Error::Unreachable { .. } | Error::Timeout { .. } => true,
+            Error::Indeterminate { source, .. } => source.is_unreachable(),
+            _ => false,
+        }
+    }
+
+    /// True when the operation may have taken effect although it failed: see
+    /// [`Error::Indeterminate`].
+    pub fn may_have_taken_effect(&self) -> bool {
+        matches!(self, Error::Indeterminate { .. })
     }
 }
 

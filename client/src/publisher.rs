@@ -163,11 +163,14 @@ impl Publisher {
     ///   this publisher to new publishes (those still in flight on it get their own answers,
     ///   then the connection closes);
     /// - [`Error::NoLeader`] for `no_leader`, which closes this publisher too;
-    /// - [`Error::Unreachable`] when the connection is gone (before or while waiting): the
-    ///   message may or may not have been committed, and this publisher is done;
-    /// - [`Error::Timeout`] when no answer (or no free slot) came within the client's request
-    ///   timeout, at least [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`] (longer than the server's
-    ///   write timeout): the connection is presumed dead and closed;
+    /// - [`Error::Unreachable`] when the connection was gone before the message was sent, and
+    ///   [`Error::Timeout`] when no slot freed within the client's request timeout: nothing
+    ///   was sent, and this publisher is done;
+    /// - [`Error::Indeterminate`], naming the message id, when the connection went while the
+    ///   publish waited for its answer, or no answer came within the client's request timeout
+    ///   (at least [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`], longer than the server's write
+    ///   timeout; the connection is then presumed dead and closed): the message may or may not
+    ///   have been committed; publish it again with the same id on a new publisher;
     /// - [`Error::InvalidArgument`] for an id or a frame the server would refuse (checked
     ///   locally; a frame over [`limits::PUBLISH_WS_FRAME_BYTES_MAX`] would make the server
     ///   drop the connection).
@@ -206,14 +209,17 @@ impl Publisher {
             shared.pending.close("the connection's writer stopped");
             return Err(self.lost(&id));
         }
+        // From here the frame may have reached the server: without an answer, the message
+        // may be stored.
+        let unknown = |source| Error::Indeterminate { id: Some(id.clone()), source: Box::new(source) };
         let answer = match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(Ok(answer))) => answer,
-            Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(self.lost(&id)),
+            Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(unknown(self.lost(&id))),
             Err(_) => {
                 // The server answers within its write timeout, which this outlasts: the
                 // connection is half-open or the node stuck. Fail everything waiting on it.
                 shared.pending.close(&format!("no answer to a publish within {timeout:?}"));
-                return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
+                return Err(unknown(Error::Timeout { attempts: 1, elapsed: started.elapsed() }));
             }
         };
         match answer {

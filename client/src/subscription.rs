@@ -273,6 +273,11 @@ impl Client {
         }
         let mut tracker = Tracker::new(topic, options.cursor);
         let (socket, first) = self.connect_first(topic, &options.subscriber_id, options.cursor).await?;
+        if self.node_count() == 1 {
+            // Given one address, the client knows no other node to fail over to: learn the
+            // cluster's peers now, from the node that just answered, while it is up.
+            self.refresh_nodes().await;
+        }
         let mut pending = Vec::new();
         let mut subscribed_cursor = None;
         if let Some(frame) = first {

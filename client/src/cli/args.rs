@@ -120,8 +120,9 @@ pub struct PublishArgs {
     /// Publish every line of FILE (`-` for stdin) as a message, in batches of up to 1000.
     #[arg(long, value_name = "FILE")]
     pub batch: Option<PathBuf>,
-    /// When the server answers: after commit, or once the leader appended.
-    #[arg(long, value_enum, default_value_t = AckArg::Committed)]
+    /// When the server answers: after commit, or once the leader appended (single
+    /// publishes only: a batch is always answered after commit).
+    #[arg(long, value_enum, default_value_t = AckArg::Committed, conflicts_with = "batch")]
     pub ack: AckArg,
 }
 
@@ -151,8 +152,9 @@ pub struct SubscribeArgs {
     /// Where to start: a sequence N (deliver after N; 0 = all), `latest` or `acked`.
     #[arg(long, default_value = "latest", value_parser = parse_cursor)]
     pub cursor: Cursor,
-    /// Subscriber id (default: a generated one). Acks are recorded under it.
-    #[arg(long)]
+    /// Subscriber id (default: a generated one). Acks are recorded under it; required with
+    /// `--cursor acked` (a generated id has no acks, so it would start from the beginning).
+    #[arg(long, required_if_eq("cursor", "acked"))]
     pub subscriber_id: Option<String>,
     /// Ack each message after printing it.
     #[arg(long)]

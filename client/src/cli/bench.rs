@@ -34,11 +34,18 @@ pub(super) async fn run(client: &Client, output: &Output, args: BenchArgs) -> Re
     }
     // The last line is always the JSON report, for scripts in either mode.
     output.json_line(&report)?;
-    if report.messages == 0 && report.errors > 0 {
+    // The report is out either way; the exit status says whether the run was clean, so a
+    // script (or CI) notices publishes that failed or deliveries that never came.
+    if report.errors > 0 {
         return Err(CliError::Refused(format!(
-            "no message was published: {}",
+            "{} of {} publishes failed; the first: {}",
+            report.errors,
+            report.messages + report.errors,
             report.first_error.as_deref().unwrap_or("unknown error")
         )));
+    }
+    if let Some(missing @ 1..) = report.deliver_missing {
+        return Err(CliError::Refused(format!("{missing} deliveries never reached their subscribers")));
     }
     Ok(())
 }

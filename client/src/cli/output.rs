@@ -92,6 +92,19 @@ pub fn error_json(error: &CliError) -> Value {
             "error": api.code.as_str(), "status": api.status, "message": api.message,
             "details": api.details,
         }),
+        // The failure, plus that the write may have taken effect and, for a publish, the id
+        // to publish it again with.
+        CliError::Client(Error::Indeterminate { id, source }) => {
+            let mut value = match source.api() {
+                Some(api) => json!({"error": api.code.as_str(), "status": api.status, "details": api.details}),
+                None if source.is_unreachable() => json!({"error": "unreachable"}),
+                None => json!({"error": "failed"}),
+            };
+            value["message"] = error_text(error).into();
+            value["maybe_stored"] = true.into();
+            value["id"] = json!(id);
+            value
+        }
         CliError::Client(e) if e.is_unreachable() => {
             json!({"error": "unreachable", "message": error_text(error)})
         }

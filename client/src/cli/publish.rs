@@ -6,7 +6,7 @@ use std::path::Path;
 use super::args::{payload_from_text, PublishArgs};
 use super::{CliError, Output};
 use crate::client::{ensure_id, Client};
-use crate::error::Error;
+use crate::error::{Error, ErrorCode};
 use crate::limits::BATCH_MESSAGES_MAX;
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
@@ -51,17 +51,40 @@ async fn publish_one(
     mut message: NewMessage,
     ack: AckMode,
 ) -> Result<(), CliError> {
+    let id_given = message.id.is_some();
     let id = ensure_id(&mut message)?;
     match client.publish_message(topic, message, ack).await {
         Ok(published) => print_ack(output, &published),
-        Err(error) => {
-            if may_have_been_stored(&error) {
-                output.note(&format!(
-                    "message {id} may have been stored: publish it again with --id {id} to be sure it is stored once"
-                ));
+        // Publishing again with `--id` is how the note below says to make sure of a message:
+        // finding it stored is that command's success, not a refusal.
+        Err(Error::Api(api)) if id_given && api.code == ErrorCode::DuplicateMessageId => {
+            match api.existing_sequence() {
+                Some(sequence) => print_ack(
+                    output,
+                    &PublishAck {
+                        id,
+                        topic: topic.to_string(),
+                        sequence: Some(sequence),
+                        raft_index: None,
+                        committed: true,
+                        duplicate: true,
+                    },
+                ),
+                None => Err(Error::Api(api).into()),
             }
-            Err(error.into())
         }
+        Err(error) if may_have_been_stored(&error) => {
+            output.note(&format!(
+                "message {id} may have been stored: publish it again with --id {id} to be sure it is stored once"
+            ));
+            // Said in the error too, so `--json` callers get the id.
+            Err(match error {
+                Error::Indeterminate { .. } => error,
+                other => Error::Indeterminate { id: Some(id), source: Box::new(other) },
+            }
+            .into())
+        }
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -79,11 +102,12 @@ fn input_left_unpublished(error: CliError) -> CliError {
     }
 }
 
-/// Whether a failed publish may have been stored anyway: the answer was lost or the cluster
-/// could not confirm it (a refusal, `4xx`, stored nothing).
+/// Whether a failed publish may have been stored anyway: an attempt's answer was lost or the
+/// cluster could not confirm it (the client says so with `Indeterminate`; attempts that never
+/// connected, and refusals, `4xx`, stored nothing).
 fn may_have_been_stored(error: &Error) -> bool {
     match error {
-        Error::Timeout { .. } | Error::Unreachable { .. } => true,
+        Error::Indeterminate { .. } => true,
         Error::Api(api) => api.status >= 500,
         _ => false,
     }
@@ -173,7 +197,7 @@ fn batch_summary(number: usize, ack: &BatchAck) -> String {
 fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
     let sequence = ack.sequence.map(|s| format!("#{s}")).unwrap_or_else(|| "(sequence not yet assigned)".to_string());
     let human = if ack.duplicate {
-        format!("published to {} as {sequence} (id {}; a retry found the first attempt)", ack.topic, ack.id)
+        format!("published to {} as {sequence} (id {}; already stored by an earlier attempt)", ack.topic, ack.id)
     } else if !ack.committed {
         format!("accepted by the leader for {} as {sequence} (id {}; not yet committed)", ack.topic, ack.id)
     } else {
@@ -192,7 +216,9 @@ mod tests {
         let api = |status, body: &str| Error::Api(ApiError::from_body(status, body.as_bytes()));
         assert!(may_have_been_stored(&api(504, r#"{"error":"raft_timeout"}"#)));
         assert!(may_have_been_stored(&api(500, r#"{"error":"not_committed"}"#)));
-        assert!(may_have_been_stored(&Error::Timeout { attempts: 3, elapsed: std::time::Duration::from_secs(30) }));
+        let timeout = Error::Timeout { attempts: 3, elapsed: std::time::Duration::from_secs(30) };
+        assert!(!may_have_been_stored(&timeout), "no attempt got as far as sending");
+        assert!(may_have_been_stored(&Error::Indeterminate { id: None, source: Box::new(timeout) }));
         assert!(!may_have_been_stored(&api(404, r#"{"error":"topic_not_found"}"#)));
         assert!(!may_have_been_stored(&api(409, r#"{"error":"duplicate_message_id"}"#)));
         assert!(!may_have_been_stored(&Error::InvalidArgument("x".into())));

@@ -235,3 +235,36 @@ async fn an_unreachable_server_exits_with_code_3() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn flags_that_would_be_ignored_together_are_refused() {
+    // A batch is always answered after commit: `--ack appended` would be silently ignored.
+    assert!(parse(&["publish", "t", "--batch", "f", "--ack", "appended"]).is_err());
+    assert!(parse(&["publish", "t", "--batch", "f"]).is_ok());
+    // A generated subscriber id has no acks: `--cursor acked` would replay the whole topic.
+    assert!(parse(&["subscribe", "t", "--cursor", "acked"]).is_err());
+    assert!(parse(&["subscribe", "t", "--cursor", "acked", "--subscriber-id", "s"]).is_ok());
+}
+
+#[test]
+fn a_write_that_may_have_taken_effect_says_so_with_its_id() {
+    let lost = Error::NoLeader { attempts: 3, elapsed: Duration::from_secs(1) };
+    let unknown = CliError::Client(Error::Indeterminate { id: Some("m-1".into()), source: Box::new(lost) });
+    // Still "unreachable" for the exit code: what failed last is what the operator must fix.
+    assert_eq!(unknown.exit_code(), EXIT_UNREACHABLE);
+    assert!(output::error_text(&unknown).contains("m-1"), "{}", output::error_text(&unknown));
+    let j = output::error_json(&unknown);
+    assert_eq!(
+        (j["error"].as_str(), j["maybe_stored"].as_bool(), j["id"].as_str()),
+        (Some("unreachable"), Some(true), Some("m-1"))
+    );
+    let timeout = ApiError::from_body(504, br#"{"error":"raft_timeout","message":"slow"}"#);
+    let unknown =
+        CliError::Client(Error::Indeterminate { id: Some("m-2".into()), source: Box::new(Error::Api(timeout)) });
+    assert_eq!(unknown.exit_code(), EXIT_REFUSED);
+    let j = output::error_json(&unknown);
+    assert_eq!(
+        (j["error"].as_str(), j["status"].as_u64(), j["id"].as_str()),
+        (Some("raft_timeout"), Some(504), Some("m-2"))
+    );
+}

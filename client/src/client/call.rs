@@ -125,7 +125,9 @@ impl Client {
                 break;
             }
             let node = self.next_node();
-            match self.cluster_info(&node, left).await {
+            // Each node within the connect timeout: a frozen node whose kernel still accepts
+            // connections would otherwise spend the whole attempt on one `/cluster`.
+            match self.cluster_info(&node, left.min(self.inner.config.connect_timeout)).await {
                 Ok(Some(info)) => {
                     self.learn(&info);
                     if let Some(leader) = self.leader() {
@@ -144,7 +146,11 @@ impl Client {
 
     /// Runs a call until it gets a final answer or the retry budget runs out.
     pub(super) async fn execute(&self, call: &Call) -> Result<Reply, Error> {
-        let policy = &self.inner.config.retry;
+        // A long poll's wait is spent at the server, not on retries: it extends the budget.
+        let policy = &RetryPolicy {
+            operation_timeout: self.inner.config.retry.operation_timeout + call.extra_timeout,
+            ..self.inner.config.retry.clone()
+        };
         let started = Instant::now();
         let mut attempts: u32 = 0;
         let mut maybe_applied = false;
@@ -212,7 +218,14 @@ impl Client {
                     }
                 }
             };
-            retry_or_give_up(policy, failure, attempts, started, sleep_before_next, "retrying").await?;
+            retry_or_give_up(policy, failure, attempts, started, sleep_before_next, "retrying").await.map_err(
+                |error| match maybe_applied {
+                    // Named after the last failure alone, the error would hide that an earlier
+                    // attempt may have been stored (a lost answer, then no leader).
+                    true => Error::Indeterminate { id: None, source: Box::new(error) },
+                    false => error,
+                },
+            )?;
         }
     }
 }

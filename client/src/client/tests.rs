@@ -336,8 +336,80 @@ async fn a_node_that_never_answers_is_a_timeout() {
         .unwrap();
     let started = std::time::Instant::now();
     let publish = client.publish("t", json!(1)).await;
-    assert!(matches!(publish, Err(Error::Timeout { attempts: 2, .. })), "{publish:?}");
+    // Sent and never answered: it may be stored.
+    assert!(
+        matches!(&publish, Err(Error::Indeterminate { source, .. }) if matches!(**source, Error::Timeout { attempts: 2, .. })),
+        "{publish:?}"
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "each attempt waited its own timeout only");
+}
+
+/// The answer to a publish is lost, then the cluster has no leader until the retries run out:
+/// the error says the message may be stored, with its (generated) id, rather than only that no
+/// leader was found, which would read as "not stored" and invite a second copy.
+#[tokio::test]
+async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_after() {
+    let leaderless = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let node = {
+        let leaderless = leaderless.clone();
+        serve_with(move |me| {
+            let (with_leader, without) =
+                (cluster_body("node-1", Some(&me), &[&me]), cluster_body("node-1", None, &[&me]));
+            let flag = leaderless.clone();
+            Router::new()
+                .route(
+                    "/cluster",
+                    get(move || async move {
+                        Json(if flag.load(std::sync::atomic::Ordering::SeqCst) { without } else { with_leader })
+                    }),
+                )
+                .route(
+                    "/topics/{name}/messages",
+                    post(move || async move {
+                        leaderless.store(true, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                        "never"
+                    }),
+                )
+        })
+        .await
+    };
+    let client = Client::builder([node])
+        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
+        .request_timeout(std::time::Duration::from_millis(200))
+        .attempts_max(4)
+        .build()
+        .unwrap();
+    let publish = client.publish("t", json!(1)).await;
+    match &publish {
+        Err(e @ Error::Indeterminate { id: Some(id), source }) => {
+            assert!(matches!(**source, Error::NoLeader { .. }), "{publish:?}");
+            assert!(e.to_string().contains(id.as_str()), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A long poll's wait is the server's to spend: a read waiting the longest the server allows
+/// gets its (empty) page instead of timing out at the same moment.
+#[tokio::test]
+async fn a_long_poll_as_long_as_the_operation_budget_gets_its_answer() {
+    let node = serve(Router::new().route(
+        "/topics/{name}/messages",
+        get(|| async {
+            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            Json(json!({"topic": "t", "messages": [], "next_cursor": 0, "has_more": false, "first_available_sequence": 1}))
+        }),
+    ))
+    .await;
+    let client = Client::builder([node])
+        .request_timeout(std::time::Duration::from_millis(300))
+        .operation_timeout(std::time::Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let options = ReadOptions { wait: Some(std::time::Duration::from_millis(700)), ..ReadOptions::default() };
+    let page = client.read_messages("t", options).await;
+    assert!(page.is_ok(), "{page:?}");
 }
 
 #[tokio::test]

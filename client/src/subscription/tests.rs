@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::test_support::{error_response, fast_client, serve};
+use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve, serve_with};
 
 // ----- the pure rules ---------------------------------------------------------------
 
@@ -507,4 +507,32 @@ async fn an_empty_subscriber_id_is_refused_locally() {
     let client = fast_client(&["127.0.0.1:9"]);
     let sub = client.subscribe("t", SubscribeOptions::new("")).await;
     assert!(matches!(sub, Err(Error::InvalidArgument(_))));
+}
+
+/// Given one address, a subscription learns the cluster's other nodes while that one is up:
+/// it has somewhere to fail over to when that node goes.
+#[tokio::test]
+async fn a_subscription_given_one_address_learns_the_other_nodes() {
+    let other = dead_address().await;
+    let node = serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me, &other]);
+        Router::new().route("/cluster", get(move || async move { axum::Json(cluster) })).route(
+            "/topics/{name}/subscribe",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    send(&mut socket, sub_frame(0)).await;
+                    while socket.recv().await.is_some() {}
+                })
+            }),
+        )
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    assert_eq!(client.nodes().len(), 1);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s")).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(client.nodes().len(), 2, "{:?}", client.nodes());
+    drop(sub);
 }
