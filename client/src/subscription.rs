@@ -430,7 +430,14 @@ async fn connect(
         Ok(Err(tungstenite::Error::Http(response))) => {
             let status = response.status().as_u16();
             let body = response.body().as_deref().unwrap_or_default();
-            Err(Refusal::Api(ApiError::from_body(status, body)))
+            let mut api = ApiError::from_body(status, body);
+            // tungstenite keeps only the body bytes that arrived with the headers: a body sent
+            // in a later TCP segment (behind a proxy, say) is lost, and with it the code. A
+            // bare 404 here is the topic's (the route exists), which a lagging node gives too.
+            if status == 404 && matches!(api.code, ErrorCode::Other(_)) {
+                api.code = ErrorCode::TopicNotFound;
+            }
+            Err(Refusal::Api(api))
         }
         Ok(Err(error)) => Err(Refusal::Transport { error: Box::new(error), timeout: false }),
     }

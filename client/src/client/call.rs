@@ -254,10 +254,17 @@ pub(crate) async fn retry_or_give_up(
     if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
         return Err(exhausted(failure, attempts, elapsed));
     }
-    tracing::debug!(attempts, ?failure, "{what}");
     if sleep {
         let wait = policy.backoff(attempts, &mut rand::thread_rng());
-        tokio::time::sleep(wait.min(policy.operation_timeout.saturating_sub(elapsed))).await;
+        // Sleeping to the deadline would leave the next attempt no time at all: it would
+        // fail as a timeout and hide why this one failed.
+        if wait >= policy.operation_timeout.saturating_sub(elapsed) {
+            return Err(exhausted(failure, attempts, elapsed));
+        }
+        tracing::debug!(attempts, ?failure, "{what}");
+        tokio::time::sleep(wait).await;
+    } else {
+        tracing::debug!(attempts, ?failure, "{what}");
     }
     Ok(())
 }

@@ -536,3 +536,25 @@ async fn a_subscription_given_one_address_learns_the_other_nodes() {
     assert_eq!(client.nodes().len(), 2, "{:?}", client.nodes());
     drop(sub);
 }
+
+/// A refusal whose body was lost on the way (tungstenite keeps only what came with the
+/// headers) is still read as the topic's 404: the next node is tried.
+#[tokio::test]
+async fn a_bare_404_refusal_is_a_lagging_node_too() {
+    let bare =
+        serve(Router::new().route("/topics/{name}/subscribe", get(|| async { axum::http::StatusCode::NOT_FOUND })))
+            .await;
+    let log = Shared::default();
+    let current = ws_node(log.clone(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let client = fast_client(&[&bare, &current]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+        Ok(s) => s,
+        Err(e) => panic!("the node that serves it should have been tried: {e}"),
+    };
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+}
