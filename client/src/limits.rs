@@ -90,6 +90,11 @@ pub const PUBLISH_WS_ANSWER_TIMEOUT_MIN: Duration = Duration::from_secs(10);
 /// socket buffers where no timeout sees them; the publisher makes callers wait for a slot.
 pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
 
+/// Bytes of publish frames in flight on one [`crate::Publisher`] connection: the server's other
+/// limit (API.md §8), for the same reason. A publish holds `max(its frame's bytes, this /
+/// PUBLISH_WS_INFLIGHT_MAX)` of it, so one budget keeps to both limits.
+pub const PUBLISH_WS_INFLIGHT_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Read buffer of the client's publishing WebSockets. tungstenite
 /// zero-fills the whole read buffer before every socket read (its default is 128 KiB), which
 /// made `memset` the top of a 1,000-subscriber profile; larger frames are read over several
@@ -146,6 +151,14 @@ mod tests {
     fn backoff_grows_from_initial_to_max_and_fits_the_operation_budget() {
         assert!(BACKOFF_INITIAL_DEFAULT < BACKOFF_MAX_DEFAULT);
         assert!(BACKOFF_MAX_DEFAULT < OPERATION_TIMEOUT_DEFAULT);
+    }
+
+    #[test]
+    fn the_publish_budget_holds_the_largest_frame_and_splits_evenly_into_slots() {
+        assert!(PUBLISH_WS_FRAME_BYTES_MAX < PUBLISH_WS_INFLIGHT_BYTES_MAX);
+        assert_eq!(PUBLISH_WS_INFLIGHT_BYTES_MAX % PUBLISH_WS_INFLIGHT_MAX, 0);
+        // A semaphore's permits are u32.
+        assert!(u32::try_from(PUBLISH_WS_INFLIGHT_BYTES_MAX).is_ok());
     }
 
     #[test]

@@ -80,7 +80,9 @@ struct Shared {
     frames: mpsc::Sender<String>,
     /// Publishes waiting for their answer; shared with the connection tasks.
     pending: Arc<Pending>,
-    /// One permit per publish in flight, [`limits::PUBLISH_WS_INFLIGHT_MAX`] in all.
+    /// Permits for publishes in flight, by bytes ([`slot_weight`]): at most
+    /// [`limits::PUBLISH_WS_INFLIGHT_MAX`] publishes and [`limits::PUBLISH_WS_INFLIGHT_BYTES_MAX`]
+    /// bytes of frames, the server's limits.
     slots: Arc<Semaphore>,
     /// The next `ref`.
     next_ref: AtomicU64,
@@ -130,7 +132,7 @@ impl Client {
 
 impl Publisher {
     fn start(client: Client, topic: &str, node: Url, socket: Socket) -> Publisher {
-        let slots = Arc::new(Semaphore::new(limits::PUBLISH_WS_INFLIGHT_MAX));
+        let slots = Arc::new(Semaphore::new(limits::PUBLISH_WS_INFLIGHT_BYTES_MAX));
         let pending = Arc::new(Pending::new(slots.clone()));
         // Never full: a frame is queued only by a publish holding one of the slots.
         let (frames, queued) = mpsc::channel(limits::PUBLISH_WS_INFLIGHT_MAX);
@@ -152,8 +154,10 @@ impl Publisher {
     /// Publishes one message and waits until it is committed, or refused.
     ///
     /// The message gets a generated id when it has none. At most
-    /// [`limits::PUBLISH_WS_INFLIGHT_MAX`] publishes are in flight on one connection; past
-    /// that, a call waits for an answer to free a slot before it sends.
+    /// [`limits::PUBLISH_WS_INFLIGHT_MAX`] publishes, and
+    /// [`limits::PUBLISH_WS_INFLIGHT_BYTES_MAX`] bytes of them, are in flight on one
+    /// connection (the server's limits); past that, a call waits for answers to free room
+    /// before it sends.
     ///
     /// Errors, mapped as the HTTP publish maps the same answers:
     /// - [`Error::Api`] for a refusal (`duplicate_message_id`, `topic_not_found`,
@@ -191,7 +195,12 @@ impl Publisher {
         // The pending map closes the semaphore when the connection goes, waking this. Bounded
         // too: when callers give up on their publishes (dropping them), nothing else would
         // notice a connection that stopped answering, and every slot would stay taken.
-        let slot = match tokio::time::timeout(timeout, shared.slots.clone().acquire_owned()).await {
+        let slot = match tokio::time::timeout(
+            timeout,
+            shared.slots.clone().acquire_many_owned(slot_weight(frame.len())),
+        )
+        .await
+        {
             Ok(Ok(slot)) => slot,
             Ok(Err(_)) => return Err(self.lost(&id)),
             Err(_) => {
@@ -300,6 +309,14 @@ impl Publisher {
         }
         Error::Api(error)
     }
+}
+
+/// The permits a publish of a `frame_bytes` frame holds while in flight: its bytes, and at
+/// least a 4096th of the budget, so that no more than 4096 publishes fit at once either.
+fn slot_weight(frame_bytes: usize) -> u32 {
+    let least = limits::PUBLISH_WS_INFLIGHT_BYTES_MAX / limits::PUBLISH_WS_INFLIGHT_MAX;
+    // A frame is at most PUBLISH_WS_FRAME_BYTES_MAX (checked before), far below the budget.
+    frame_bytes.clamp(least, limits::PUBLISH_WS_INFLIGHT_BYTES_MAX) as u32
 }
 
 mod connect;

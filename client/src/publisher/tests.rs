@@ -358,3 +358,12 @@ async fn opening_against_a_dead_cluster_is_unreachable() {
     let client = fast_client(&[&dead]);
     assert!(matches!(client.publisher("t").await, Err(e) if e.is_unreachable()));
 }
+
+#[test]
+fn a_publish_holds_its_bytes_of_the_budget_and_at_least_a_slots_share() {
+    let share = (limits::PUBLISH_WS_INFLIGHT_BYTES_MAX / limits::PUBLISH_WS_INFLIGHT_MAX) as u32;
+    assert_eq!(super::slot_weight(300), share);
+    assert_eq!(super::slot_weight(1024 * 1024), 1024 * 1024);
+    // 4096 small publishes fill it, as do 64 of a megabyte: the server's two limits.
+    assert_eq!(share as usize * limits::PUBLISH_WS_INFLIGHT_MAX, limits::PUBLISH_WS_INFLIGHT_BYTES_MAX);
+}
