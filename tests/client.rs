@@ -412,6 +412,24 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     assert_eq!((second["duplicate"].as_bool(), &second["sequence"]), (Some(true), &first["sequence"]), "{out}");
     assert!(first["sequence"].as_u64().is_some() && first["duplicate"] == false, "{first}");
 
+    // A file published with --id-prefix twice (a rerun after a failure, say) is stored once.
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), "{\"n\":1}\n\n{\"n\":2}\n").expect("write input");
+    let path = file.path().to_str().expect("utf-8 path");
+    let import = ["-s", s, "publish", "imports", "--batch", path, "--id-prefix", "import-"];
+    let (code, _, err) = pubsub(&["-s", s, "topics", "create", "imports"], None).await;
+    assert_eq!(code, 0, "{err}");
+    for (run, expected) in [(1, "2 published, 0 duplicates"), (2, "0 published, 2 duplicates")] {
+        let (code, _, err) = pubsub(&import, None).await;
+        assert_eq!(code, 0, "run {run}: {err}");
+        assert!(err.contains(expected), "run {run}: {err}");
+    }
+    let (_, out, _) = pubsub(&["-s", s, "--json", "read", "imports"], None).await;
+    let page: Value = serde_json::from_str(out.trim()).expect("a JSON page");
+    let ids: Vec<&str> =
+        page["messages"].as_array().expect("messages").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, vec!["import-1", "import-3"], "{out}");
+
     // Nothing listens: exit 3, quickly with a small retry budget.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").to_string();
     let started = std::time::Instant::now();

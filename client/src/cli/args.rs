@@ -120,6 +120,10 @@ pub struct PublishArgs {
     /// Publish every line of FILE (`-` for stdin) as a message, in batches of up to 1000.
     #[arg(long, value_name = "FILE")]
     pub batch: Option<PathBuf>,
+    /// With `-` or --batch: give each line the id PREFIX<line number> (from 1), so that running
+    /// the same command again (after a failure, say) stores each line once.
+    #[arg(long, value_name = "PREFIX", conflicts_with = "id")]
+    pub id_prefix: Option<String>,
     /// When the server answers: after commit, or once the leader appended (single
     /// publishes only: a batch is always answered after commit).
     #[arg(long, value_enum, default_value_t = AckArg::Committed, conflicts_with = "batch")]

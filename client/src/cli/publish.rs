@@ -11,8 +11,9 @@ use crate::limits::BATCH_MESSAGES_MAX;
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
 pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> Result<(), CliError> {
+    let mut lines = Lines { read: 0, id_prefix: args.id_prefix };
     if let Some(path) = &args.batch {
-        return batch(client, output, &args.topic, path).await;
+        return batch(client, output, &args.topic, path, lines).await;
     }
     let ack = AckMode::from(args.ack);
     match args.payload.as_deref() {
@@ -25,12 +26,15 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
             // streams instead of waiting for the end of input.
             for line in stdin.lock().lines() {
                 let line = line?;
-                let Some(message) = message_from_line(&line) else {
+                let Some(message) = lines.next(&line) else {
                     continue;
                 };
                 publish_one(client, output, &args.topic, message, ack).await.map_err(input_left_unpublished)?;
             }
             Ok(())
+        }
+        Some(_) if lines.id_prefix.is_some() => {
+            Err(CliError::Usage("--id-prefix numbers input lines: use it with `-` or --batch (--id for one)".into()))
         }
         Some(text) => {
             let mut message = NewMessage::new(payload_from_text(text));
@@ -114,13 +118,32 @@ fn may_have_been_stored(error: &Error) -> bool {
 }
 
 /// A message from one input line; `None` for a blank line.
-pub(super) fn message_from_line(line: &str) -> Option<NewMessage> {
+fn message_from_line(line: &str) -> Option<NewMessage> {
     let text = line.trim();
     (!text.is_empty()).then(|| NewMessage::new(payload_from_text(text)))
 }
 
+/// The input's lines, counted, and the ids they give with `--id-prefix`: the prefix and the
+/// line's number (from 1, blank lines counted), the same on every run over the same input,
+/// so running a command again after a failure stores each line once.
+pub(super) struct Lines {
+    /// Lines read so far.
+    pub(super) read: u64,
+    pub(super) id_prefix: Option<String>,
+}
+
+impl Lines {
+    /// The message of the next line, `text`; `None` for a blank line.
+    pub(super) fn next(&mut self, text: &str) -> Option<NewMessage> {
+        self.read += 1;
+        let mut message = message_from_line(text)?;
+        message.id = self.id_prefix.as_ref().map(|prefix| format!("{prefix}{}", self.read));
+        Some(message)
+    }
+}
+
 /// Reads up to `max` messages (blank lines skipped); an empty result means end of input.
-pub(super) fn read_batch(reader: &mut impl BufRead, max: usize) -> std::io::Result<Vec<NewMessage>> {
+pub(super) fn read_batch(reader: &mut impl BufRead, max: usize, lines: &mut Lines) -> std::io::Result<Vec<NewMessage>> {
     let mut messages = Vec::new();
     let mut line = String::new();
     while messages.len() < max {
@@ -128,14 +151,14 @@ pub(super) fn read_batch(reader: &mut impl BufRead, max: usize) -> std::io::Resu
         if reader.read_line(&mut line)? == 0 {
             break;
         }
-        if let Some(message) = message_from_line(&line) {
+        if let Some(message) = lines.next(&line) {
             messages.push(message);
         }
     }
     Ok(messages)
 }
 
-async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Result<(), CliError> {
+async fn batch(client: &Client, output: &Output, topic: &str, path: &Path, mut lines: Lines) -> Result<(), CliError> {
     let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
@@ -146,12 +169,33 @@ async fn batch(client: &Client, output: &Output, topic: &str, path: &Path) -> Re
     let (mut published, mut duplicates, mut failed) = (0usize, 0usize, 0usize);
     let mut number = 0;
     loop {
-        let messages = read_batch(&mut reader, BATCH_MESSAGES_MAX)?;
+        let answered_through = lines.read;
+        let messages = read_batch(&mut reader, BATCH_MESSAGES_MAX, &mut lines)?;
         if messages.is_empty() {
             break;
         }
         number += 1;
-        let ack = client.publish_batch(topic, messages).await?;
+        let ack = match client.publish_batch(topic, messages).await {
+            Ok(ack) => ack,
+            Err(error) => {
+                // Where to pick up: what was answered, and whether a rerun would repeat it.
+                let (from, to) = (answered_through + 1, lines.read);
+                output.note(&match (&lines.id_prefix, error.may_have_taken_effect()) {
+                    (Some(_), _) => format!(
+                        "batch {number} (lines {from}-{to}) failed; the batches before it were answered: \
+                         running the same command again publishes each line once"
+                    ),
+                    (None, true) => format!(
+                        "batch {number} (lines {from}-{to}) may have been stored; the batches before it were \
+                         answered; with --id-prefix a rerun would publish each line once"
+                    ),
+                    (None, false) => format!(
+                        "batch {number} (lines {from}-{to}) was not stored; the batches before it were answered"
+                    ),
+                });
+                return Err(error.into());
+            }
+        };
         let counts = count(&ack);
         published += counts.0;
         duplicates += counts.1;

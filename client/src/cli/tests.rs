@@ -180,12 +180,28 @@ fn text_that_is_not_json_is_published_as_a_json_string() {
 fn batch_input_is_read_in_chunks_skipping_blank_lines() {
     let input = "1\n\n{\"a\":2}\nplain text\n  \n4\n5\n";
     let mut reader = std::io::Cursor::new(input);
-    let first = publish::read_batch(&mut reader, 3).unwrap_or_default();
+    let mut lines = publish::Lines { read: 0, id_prefix: None };
+    let first = publish::read_batch(&mut reader, 3, &mut lines).unwrap_or_default();
     let payloads: Vec<_> = first.iter().map(|m| m.payload.clone()).collect();
     assert_eq!(payloads, vec![json!(1), json!({"a": 2}), json!("plain text")]);
-    let second = publish::read_batch(&mut reader, 3).unwrap_or_default();
+    assert!(first.iter().all(|m| m.id.is_none()), "ids are generated at publish time");
+    let second = publish::read_batch(&mut reader, 3, &mut lines).unwrap_or_default();
     assert_eq!(second.len(), 2);
-    assert!(publish::read_batch(&mut reader, 3).unwrap_or_default().is_empty());
+    assert!(publish::read_batch(&mut reader, 3, &mut lines).unwrap_or_default().is_empty());
+}
+
+#[test]
+fn an_id_prefix_names_each_line_by_its_number_the_same_on_every_run() {
+    let input = "1\n\n2\n3\n";
+    for _ in 0..2 {
+        let mut reader = std::io::Cursor::new(input);
+        let mut lines = publish::Lines { read: 0, id_prefix: Some("import-".into()) };
+        let batch = publish::read_batch(&mut reader, 10, &mut lines).unwrap_or_default();
+        let ids: Vec<_> = batch.iter().map(|m| m.id.clone().unwrap_or_default()).collect();
+        assert_eq!(ids, vec!["import-1", "import-3", "import-4"], "blank lines count");
+    }
+    assert!(parse(&["publish", "t", "--batch", "f", "--id-prefix", "p-"]).is_ok());
+    assert!(parse(&["publish", "t", "x", "--id", "a", "--id-prefix", "p-"]).is_err());
 }
 
 #[test]
