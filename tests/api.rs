@@ -273,6 +273,31 @@ async fn publish_follows_the_contract() {
     assert_eq!(page.body["messages"][0]["sequence"], json!(deepest), "{page:?}");
 }
 
+/// Behind port mapping (docker compose) clients reach the nodes elsewhere than the peers do:
+/// `--client-addresses` is what redirects and `/cluster` name, while Raft keeps `--peers`.
+#[tokio::test]
+async fn client_addresses_are_what_clients_are_told() {
+    let mapped = "1=c1.test:1001,2=c2.test:1002,3=c3.test:1003";
+    let c = Cluster::start(Options { client_addresses: Some(mapped.into()), ..Default::default() }).await;
+    let l = leader_url(&c).await;
+    let f = follower_url(&c).await;
+    let leader = get(&format!("{l}/cluster")).await.unwrap();
+    let id: u64 = leader.body["node_id"].as_str().and_then(|n| n.strip_prefix("node-")).unwrap().parse().unwrap();
+    let expected = format!("c{id}.test:100{id}");
+
+    let r = post(&format!("{f}/topics/t"), &json!({})).await.unwrap();
+    assert_eq!(r.status, 307);
+    assert_eq!(r.location, Some(format!("http://{expected}/topics/t")));
+    assert_eq!(r.body["leader_address"], expected);
+    for node in [&l, &f] {
+        let cluster = get(&format!("{node}/cluster")).await.unwrap().body;
+        assert_eq!(cluster["leader_address"], expected, "{cluster}");
+        assert_eq!(cluster["peers"], json!(["c1.test:1001", "c2.test:1002", "c3.test:1003"]), "{cluster}");
+    }
+    // Raft runs on --peers still: a write to the leader commits on a majority.
+    assert_eq!(post_raw(&format!("{l}/topics/t"), "").await.unwrap().status, 201);
+}
+
 #[tokio::test]
 async fn followers_redirect_writes_and_serve_reads() {
     let c = Cluster::start(Options::default()).await;

@@ -50,6 +50,7 @@ fn node_config(i: usize, nodes: usize, dir: &std::path::Path) -> Config {
         advertise: format!("{}:8080", host(i)),
         data_dir: dir.join(host(i)),
         peers,
+        client_addresses: Default::default(),
         cluster_secret: Some("sim".into()),
         heartbeat_ms: 100,
         election_timeout_ms: 500,

@@ -110,13 +110,22 @@ impl App {
         }
     }
 
+    /// Where clients reach node `id`, whose Raft address is `raft_addr`: its
+    /// `--client-addresses` entry, else that address. Everything a client is told (redirects,
+    /// `/cluster`, `leader_change`) goes through here; Raft keeps the Raft address.
+    pub fn client_address(&self, id: u64, raft_addr: &str) -> String {
+        self.config.client_addresses.get(&id).cloned().unwrap_or_else(|| raft_addr.to_string())
+    }
+
     /// Ok when this node leads; otherwise the redirect (or 503) a write must answer.
     pub fn require_leader(&self, path_and_query: &str) -> Result<(), ApiError> {
         match self.leadership() {
             Leadership::Me => Ok(()),
-            Leadership::Other { id, addr } => {
-                Err(ApiError::NotLeader { leader_id: id, leader_address: addr, path_and_query: path_and_query.into() })
-            }
+            Leadership::Other { id, addr } => Err(ApiError::NotLeader {
+                leader_id: id,
+                leader_address: self.client_address(id, &addr),
+                path_and_query: path_and_query.into(),
+            }),
             Leadership::Unknown => Err(ApiError::NoLeader),
         }
     }
@@ -156,7 +165,7 @@ impl App {
             ProposeFailure::ForwardToLeader { leader_id, leader_node } => match (leader_id, leader_node) {
                 (Some(id), Some(node)) if id != self.id() => ApiError::NotLeader {
                     leader_id: id,
-                    leader_address: node.addr,
+                    leader_address: self.client_address(id, &node.addr),
                     path_and_query: path_and_query.into(),
                 },
                 // Leadership was lost while the entry was in flight: it may or may not

@@ -36,6 +36,13 @@ pub struct Flags {
     #[arg(long, env = "PUBSUB_PEERS")]
     pub peers: Option<String>,
 
+    /// Where clients reach each node, when not at its --peers address (behind port mapping or
+    /// NAT, as with docker compose): ID=HOST:PORT,... the same on every node. Redirects,
+    /// /cluster and leader_change frames name these; Raft keeps using --peers
+    /// [default: the --peers addresses].
+    #[arg(long, env = "PUBSUB_CLIENT_ADDRESSES")]
+    pub client_addresses: Option<String>,
+
     /// Shared secret every inter-node RPC must present.
     #[arg(long, env = "PUBSUB_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
@@ -62,6 +69,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Initial voters by id (this node included).
     pub peers: BTreeMap<u64, String>,
+    /// Client-facing addresses by id, where they differ from the Raft ones (`--client-addresses`).
+    pub client_addresses: BTreeMap<u64, String>,
     pub cluster_secret: Option<String>,
     pub heartbeat_ms: u64,
     pub election_timeout_ms: u64,
@@ -79,6 +88,8 @@ pub enum ConfigError {
     Peers(String),
     #[error("--id {id} is not in --peers ({peers})")]
     IdNotInPeers { id: u64, peers: String },
+    #[error("--client-addresses: {0}")]
+    ClientAddresses(String),
     #[error("--advertise {0:?} is not HOST:PORT")]
     Advertise(String),
     #[error(
@@ -136,12 +147,23 @@ impl Config {
         } else {
             peers
         };
+        let client_addresses = match &flags.client_addresses {
+            Some(text) if !text.trim().is_empty() => parse_peers(text).map_err(|e| match e {
+                ConfigError::Peers(reason) => ConfigError::ClientAddresses(reason),
+                other => other,
+            })?,
+            _ => BTreeMap::new(),
+        };
+        if let Some(stranger) = client_addresses.keys().find(|id| !peers.contains_key(id)) {
+            return Err(ConfigError::ClientAddresses(format!("node {stranger} is not in --peers")));
+        }
         Ok(Self {
             id: flags.id,
             listen: flags.listen,
             data_dir: flags.data_dir.unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
             advertise,
             peers,
+            client_addresses,
             cluster_secret,
             heartbeat_ms: flags.heartbeat_ms,
             election_timeout_ms: flags.election_timeout_ms,
@@ -222,6 +244,19 @@ mod tests {
             assert_eq!(c.cluster_secret.as_deref(), Some(fine));
         }
         assert_eq!(Config::from_flags(flags(&["--cluster-secret", ""])).unwrap().cluster_secret, None);
+    }
+
+    #[test]
+    fn client_addresses_name_nodes_of_the_cluster() {
+        let peers = ["--id", "2", "--peers", "1=a:1,2=b:2,3=c:3"];
+        let c =
+            Config::from_flags(flags(&[&peers[..], &["--client-addresses", "1=h:8081,2=h:8082"]].concat())).unwrap();
+        assert_eq!(c.client_addresses, BTreeMap::from([(1, "h:8081".to_string()), (2, "h:8082".to_string())]));
+        assert!(Config::from_flags(flags(&peers)).unwrap().client_addresses.is_empty());
+        for bad in ["4=h:1", "1=nohost", "x=h:1"] {
+            let refused = Config::from_flags(flags(&[&peers[..], &["--client-addresses", bad]].concat()));
+            assert!(matches!(refused, Err(ConfigError::ClientAddresses(_))), "{bad}: {refused:?}");
+        }
     }
 
     #[test]

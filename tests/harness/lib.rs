@@ -94,6 +94,8 @@ pub struct Options {
     pub snapshot_logs: Option<u64>,
     pub heartbeat_ms: u64,
     pub election_timeout_ms: u64,
+    /// `--client-addresses`, the same on every node.
+    pub client_addresses: Option<String>,
 }
 
 impl Default for Options {
@@ -104,6 +106,7 @@ impl Default for Options {
             snapshot_logs: None,
             heartbeat_ms: 50,
             election_timeout_ms: 500,
+            client_addresses: None,
         }
     }
 }
@@ -166,6 +169,9 @@ impl Cluster {
         }
         if let Some(n) = self.options.snapshot_logs {
             cmd.arg("--snapshot-logs").arg(n.to_string());
+        }
+        if let Some(addresses) = &self.options.client_addresses {
+            cmd.arg("--client-addresses").arg(addresses);
         }
         node.child = Some(cmd.spawn().expect("spawn pubsub-node"));
     }

@@ -24,8 +24,8 @@ pub fn role(state: ServerState) -> &'static str {
 
 pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     let (leader_id, leader_address) = match app.leadership() {
-        Leadership::Me => (Some(app.id()), Some(app.config.advertise.clone())),
-        Leadership::Other { id, addr } => (Some(id), Some(addr)),
+        Leadership::Me => (Some(app.id()), Some(app.client_address(app.id(), &app.config.advertise))),
+        Leadership::Other { id, addr } => (Some(id), Some(app.client_address(id, &addr))),
         Leadership::Unknown => (None, None),
     };
     let metrics = app.raft.metrics();
@@ -42,7 +42,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         "node_id": format!("node-{}", app.id()),
         "leader_id": leader_id.map(|id| format!("node-{id}")),
         "leader_address": leader_address,
-        "peers": peers.into_iter().map(|(_, addr)| addr).collect::<Vec<_>>(),
+        "peers": peers.into_iter().map(|(id, addr)| app.client_address(id, &addr)).collect::<Vec<_>>(),
         "raft_term": m.current_term,
         "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
         "role": role(m.state),

@@ -348,9 +348,9 @@ fn leader_changes(server: watch::Receiver<RaftServerMetrics<NodeId, Node>>) -> i
     })
 }
 
-/// A node's advertise address from the membership ("" when unknown).
+/// Where clients reach node `id` (`App::client_address`; "" when not in the membership).
 fn addr_of(app: &SharedApp, id: u64) -> String {
     let metrics = app.raft.metrics();
     let m = metrics.borrow();
-    m.membership_config.membership().get_node(&id).map(|n| n.addr.clone()).unwrap_or_default()
+    m.membership_config.membership().get_node(&id).map(|n| app.client_address(id, &n.addr)).unwrap_or_default()
 }
