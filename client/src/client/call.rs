@@ -219,9 +219,9 @@ impl Client {
                 }
             };
             retry_or_give_up(policy, failure, attempts, started, sleep_before_next, "retrying").await.map_err(
-                |error| match maybe_applied {
+                |error| match maybe_applied && call.method != Method::GET {
                     // Named after the last failure alone, the error would hide that an earlier
-                    // attempt may have been stored (a lost answer, then no leader).
+                    // attempt of a write may have been stored (a lost answer, then no leader).
                     true => Error::Indeterminate { id: None, source: Box::new(error) },
                     false => error,
                 },

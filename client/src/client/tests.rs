@@ -390,6 +390,27 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
     }
 }
 
+/// A read changes nothing: one whose answers never came is a timeout, not an outcome unknown.
+#[tokio::test]
+async fn a_read_that_times_out_is_a_plain_timeout() {
+    let node = serve(Router::new().route(
+        "/topics/{name}/messages",
+        get(|| async {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            "never"
+        }),
+    ))
+    .await;
+    let client = Client::builder([node])
+        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
+        .request_timeout(std::time::Duration::from_millis(200))
+        .attempts_max(2)
+        .build()
+        .unwrap();
+    let page = client.read_messages("t", ReadOptions::after(0)).await;
+    assert!(matches!(page, Err(Error::Timeout { attempts: 2, .. })), "{page:?}");
+}
+
 /// A long poll's wait is the server's to spend: a read waiting the longest the server allows
 /// gets its (empty) page instead of timing out at the same moment.
 #[tokio::test]
