@@ -273,6 +273,30 @@ async fn publish_follows_the_contract() {
     assert_eq!(page.body["messages"][0]["sequence"], json!(deepest), "{page:?}");
 }
 
+/// `GET /topics` pages by name with `limit` and `after`; without them it lists every topic.
+#[tokio::test]
+async fn topics_are_listed_in_pages_by_name() {
+    let c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    let l = leader_url(&c).await;
+    for name in ["c", "a", "b"] {
+        assert_eq!(post_raw(&format!("{l}/topics/{name}"), "").await.unwrap().status, 201);
+    }
+    let names = |body: &Value| -> Vec<String> {
+        body["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()
+    };
+    let all = get(&format!("{l}/topics")).await.unwrap();
+    assert_eq!((names(&all.body), &all.body["next_after"]), (vec!["a".into(), "b".into(), "c".into()], &Value::Null));
+    let first = get(&format!("{l}/topics?limit=2")).await.unwrap();
+    assert_eq!((names(&first.body), &first.body["next_after"]), (vec!["a".into(), "b".into()], &json!("b")));
+    let rest = get(&format!("{l}/topics?limit=2&after=b")).await.unwrap();
+    assert_eq!((names(&rest.body), &rest.body["next_after"]), (vec!["c".into()], &Value::Null));
+    for bad in ["limit=0", "limit=x", "limit=100001"] {
+        let r = get(&format!("{l}/topics?{bad}")).await.unwrap();
+        assert_eq!(r.status, 400, "{bad}");
+        assert!(is_error_body(&r.body, "invalid_request"), "{bad}: {r:?}");
+    }
+}
+
 /// Behind port mapping (docker compose) clients reach the nodes elsewhere than the peers do:
 /// `--client-addresses` is what redirects and `/cluster` name, while Raft keeps `--peers`.
 #[tokio::test]

@@ -108,10 +108,18 @@ impl StoreReader {
 
     /// Active topic records, sorted by name.
     pub fn active_topics(&self) -> Vec<TopicRecord> {
+        self.active_topics_page(None, usize::MAX).0
+    }
+
+    /// At most `limit` active topic records named after `after` (from the first when `None`),
+    /// sorted by name, and whether more follow. Only the records returned are copied.
+    pub fn active_topics_page(&self, after: Option<&str>, limit: usize) -> (Vec<TopicRecord>, bool) {
         let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
-        let mut list: Vec<TopicRecord> = topics.by_name.values().filter(|r| !r.deleted).cloned().collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
-        list
+        let mut list: Vec<&TopicRecord> =
+            topics.by_name.values().filter(|r| !r.deleted && after.is_none_or(|a| r.name.as_str() > a)).collect();
+        list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let more = list.len() > limit;
+        (list.into_iter().take(limit).cloned().collect(), more)
     }
 
     /// Number of topic records (active and deleted).

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -99,17 +99,25 @@ pub async fn create(
     Ok((status, Json(json!({"topic": name, "created": created, "raft_index": raft_index}))).into_response())
 }
 
-pub async fn list(State(app): State<SharedApp>) -> Json<Value> {
-    let topics: Vec<Value> = app
-        .reader
-        .active_topics()
+/// `GET /topics[?after=NAME][&limit=N]`: active topics by name; a page of them with `limit`,
+/// `next_after` naming where the next page starts (`null` after the last).
+pub async fn list(State(app): State<SharedApp>, query: RawQuery) -> Result<Json<Value>, ApiError> {
+    let query = input::query(query)?;
+    let limit = match query.get("limit").map(|v| v.trim().parse::<usize>()) {
+        None => TOPICS_MAX,
+        Some(Ok(n)) if (1..=TOPICS_MAX).contains(&n) => n,
+        Some(_) => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {TOPICS_MAX}"))),
+    };
+    let (records, more) = app.reader.active_topics_page(query.get("after").map(String::as_str), limit);
+    let next_after = more.then(|| records.last().map(|r| r.name.clone())).flatten();
+    let topics: Vec<Value> = records
         .iter()
         .map(|r| {
             json!({"name": r.name, "message_count": r.message_count(), "current_sequence": r.current_sequence,
                    "created_at": r.created_at})
         })
         .collect();
-    Json(json!({ "topics": topics }))
+    Ok(Json(json!({ "topics": topics, "next_after": next_after })))
 }
 
 pub async fn get(
