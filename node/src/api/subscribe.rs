@@ -24,6 +24,11 @@ pub async fn subscribe(
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
+    // Checked once before the watch is made, so that refused names leave no watch behind,
+    // and again after: what the session will compare with is what was checked.
+    active(&app, &topic)?;
+    let feed = app.reader.watch_topic(&topic);
+    let deletions_at_start = feed.borrow().deletions;
     let record = active(&app, &topic)?;
     let subscriber_id = query
         .get("subscriber_id")
@@ -48,7 +53,7 @@ pub async fn subscribe(
     let upgrade = upgrade.map_err(|_| {
         ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
     })?;
-    let session = Session { topic, topic_id: record.id, subscriber_id, cursor };
+    let session = Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
         return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     };

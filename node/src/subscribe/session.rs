@@ -34,6 +34,11 @@ pub struct Session {
     pub subscriber_id: String,
     /// The effective cursor: messages with a greater sequence are delivered.
     pub cursor: u64,
+    /// The topic's watch, made before the request was checked, so that a deletion applied
+    /// between the check and the session's start still counts against `deletions_at_start`
+    /// (a delete and a re-create there would otherwise go unannounced).
+    pub feed: watch::Receiver<raft_store::TopicSignal>,
+    pub deletions_at_start: u64,
 }
 
 /// Frames a subscriber may send.
@@ -197,8 +202,8 @@ async fn serve_inner(
     heard: &std::sync::Mutex<Instant>,
     client_gone: &Notify,
 ) -> Result<End, End> {
-    let mut watch = app.reader.watch_topic(&s.topic);
-    let deletions_at_start = watch.borrow().deletions;
+    let mut watch = s.feed.clone();
+    let deletions_at_start = s.deletions_at_start;
     let server = app.raft.server_metrics();
     let mut last_leader = server.borrow().current_leader;
     let mut ping = tokio::time::interval(SUBSCRIBE_PING_INTERVAL);
