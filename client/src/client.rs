@@ -453,14 +453,7 @@ impl Client {
         if reply.status == 409 && reply.maybe_applied {
             let err = reply.api_error();
             if let (ErrorCode::DuplicateMessageId, Some(sequence)) = (&err.code, err.existing_sequence()) {
-                return Ok(PublishAck {
-                    id,
-                    topic: topic.to_string(),
-                    sequence: Some(sequence),
-                    raft_index: None,
-                    committed: true,
-                    duplicate: true,
-                });
+                return Ok(PublishAck::already_stored(id, topic, sequence));
             }
         }
         reply.parse()

@@ -185,6 +185,21 @@ pub struct PublishAck {
     pub duplicate: bool,
 }
 
+impl PublishAck {
+    /// The ack of a publish whose id the topic already held at `sequence` (a `409` carrying
+    /// its `existing_sequence`): the message is stored, committed, once.
+    pub(crate) fn already_stored(id: String, topic: &str, sequence: u64) -> PublishAck {
+        PublishAck {
+            id,
+            topic: topic.to_string(),
+            sequence: Some(sequence),
+            raft_index: None,
+            committed: true,
+            duplicate: true,
+        }
+    }
+}
+
 /// One message's outcome in a batch publish.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]

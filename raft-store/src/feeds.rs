@@ -72,16 +72,25 @@ impl Default for Feeds {
 impl Feeds {
     /// Watches `topic`. The receiver sees every change applied after this call.
     pub fn watch_topic(&self, topics: &RwLock<Topics>, topic: &str) -> watch::Receiver<TopicSignal> {
-        // The topic is read under the watchers lock, which `apply` also holds while it
-        // changes topics, so no change can fall between the read and the subscription.
+        self.watch_topic_with_record(topics, topic).0
+    }
+
+    /// Watches `topic`, and its record as of the watch's first value: both read under the
+    /// watchers lock, which `apply` and snapshot installs hold while they change topics and
+    /// signal, so no change can fall between the read and the subscription.
+    pub fn watch_topic_with_record(
+        &self,
+        topics: &RwLock<Topics>,
+        topic: &str,
+    ) -> (watch::Receiver<TopicSignal>, Option<TopicRecord>) {
         let mut watchers = self.lock();
+        let record = topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(topic).cloned();
         if let Some(sender) = watchers.get(topic) {
-            return sender.subscribe();
+            return (sender.subscribe(), record);
         }
-        let signal = TopicSignal::of(topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(topic));
-        let (sender, receiver) = watch::channel(signal);
+        let (sender, receiver) = watch::channel(TopicSignal::of(record.as_ref()));
         watchers.insert(topic.to_string(), sender);
-        receiver
+        (receiver, record)
     }
 
     /// Watches the applied log index.
@@ -115,8 +124,8 @@ impl Feeds {
 
     /// After a snapshot install every topic may have changed, and may have been deleted in
     /// the entries the install skipped (see [`skipped_deletion`]).
-    pub(crate) fn notify_all(&self, topics: &Topics) {
-        let mut watchers = self.lock();
+    /// Called with the watchers lock held (`watchers`), the topics already replaced.
+    pub(crate) fn notify_all(watchers: &mut HashMap<String, watch::Sender<TopicSignal>>, topics: &Topics) {
         watchers.retain(|name, sender| {
             sender.send_modify(|signal| {
                 let record = topics.by_name.get(name);

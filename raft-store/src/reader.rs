@@ -214,6 +214,11 @@ impl StoreReader {
         self.feeds.watch_topic(&self.topics, topic)
     }
 
+    /// [`StoreReader::watch_topic`], with the topic's record as of the watch's first value.
+    pub fn watch_topic_with_record(&self, topic: &str) -> (watch::Receiver<TopicSignal>, Option<TopicRecord>) {
+        self.feeds.watch_topic_with_record(&self.topics, topic)
+    }
+
     /// Watches the index of the last applied log entry.
     pub fn watch_applied(&self) -> watch::Receiver<u64> {
         self.feeds.watch_applied()

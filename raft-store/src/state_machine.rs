@@ -463,17 +463,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             })
             .await
             .map_err(sm_write_err);
-        let loaded = installed.and_then(|()| {
-            // Readers must not see a half-loaded topic map: hold the feeds lock as apply does.
-            let feeds = self.feeds.clone();
-            let _watchers = feeds.lock();
-            self.load().map_err(read_err)
-        });
+        let feeds = self.feeds.clone();
+        // Readers must not see a half-loaded topic map, and a watch made meanwhile must not
+        // pair the new map with a signal from before it: load, let readers back and notify
+        // under the feeds lock, as apply does.
+        let mut watchers = feeds.lock();
+        let loaded = installed.and_then(|()| self.load().map_err(read_err));
         // A failed install stops the node (openraft takes a storage error as fatal).
         self.installs.fetch_add(1, Ordering::SeqCst);
         loaded?;
-        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner()).clone();
-        self.feeds.notify_all(&topics);
+        Feeds::notify_all(&mut watchers, &self.topics.read().unwrap_or_else(|e| e.into_inner()));
+        drop(watchers);
         tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");
         Ok(())
     }

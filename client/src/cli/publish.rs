@@ -63,17 +63,7 @@ async fn publish_one(
         // finding it stored is that command's success, not a refusal.
         Err(Error::Api(api)) if id_given && api.code == ErrorCode::DuplicateMessageId => {
             match api.existing_sequence() {
-                Some(sequence) => print_ack(
-                    output,
-                    &PublishAck {
-                        id,
-                        topic: topic.to_string(),
-                        sequence: Some(sequence),
-                        raft_index: None,
-                        committed: true,
-                        duplicate: true,
-                    },
-                ),
+                Some(sequence) => print_ack(output, &PublishAck::already_stored(id, topic, sequence)),
                 None => Err(Error::Api(api).into()),
             }
         }

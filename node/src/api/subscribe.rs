@@ -25,11 +25,11 @@ pub async fn subscribe(
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
     // Checked once before the watch is made, so that refused names leave no watch behind,
-    // and again after: what the session will compare with is what was checked.
+    // then read with the watch, so the cursor and the session's baseline agree.
     active(&app, &topic)?;
-    let feed = app.reader.watch_topic(&topic);
+    let (feed, record) = app.reader.watch_topic_with_record(&topic);
     let deletions_at_start = feed.borrow().deletions;
-    let record = active(&app, &topic)?;
+    let record = record.filter(|r| !r.deleted).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))?;
     let subscriber_id = query
         .get("subscriber_id")
         .cloned()
