@@ -782,6 +782,61 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
     .await;
 }
 
+/// A client that asks for pages of messages and never reads them holds at most its address's
+/// share of the node's read budget (64 MiB of 256), so another client still reads at once;
+/// and what it held comes back when its connections go. Before, enough such requests from
+/// one client held the whole budget, and every other reader waited 10 s, then got a 503.
+/// (A connection that stays open holds its pages only until its writes have waited 60 s:
+/// `write_deadline.rs` tests that.)
+#[tokio::test]
+async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
+    use pubsub_node::limits::READ_PAGES_BYTES_PER_CLIENT_MAX;
+    use tokio::io::AsyncWriteExt;
+    /// Each asks for about 5 MB, of which the kernel's socket buffers take some 3 MB: together
+    /// still far more than one client's share.
+    const HOG_REQUESTS: usize = 100;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
+    let payload = "x".repeat(1_000_000);
+    let messages: Vec<Value> = (0..8).map(|i| json!({"id": format!("m{i}"), "payload": payload})).collect();
+    let r = post(&format!("{l}/topics/big/messages/batch"), &json!({ "messages": messages })).await.unwrap();
+    assert_eq!(r.status, 201);
+
+    // The hog comes from another address, with small socket buffers, and reads nothing.
+    let addr: std::net::SocketAddr = l.trim_start_matches("http://").parse().unwrap();
+    let mut hog = Vec::new();
+    for _ in 0..HOG_REQUESTS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(b"GET /topics/big/messages?limit=8 HTTP/1.1\r\nhost: node\r\n\r\n").await.unwrap();
+        hog.push(stream);
+    }
+    let held = wait_until("the hog's pages held", Duration::from_secs(10), || async {
+        let held = read_pages_bytes(&l).await;
+        (held > READ_PAGES_BYTES_PER_CLIENT_MAX as u64 / 2).then_some(held)
+    })
+    .await;
+    assert!(held <= READ_PAGES_BYTES_PER_CLIENT_MAX as u64, "the hog holds {held} bytes, past its share");
+
+    // Another client reads at once.
+    let started = std::time::Instant::now();
+    let (status, body) = http::get_json(&format!("{l}/topics/big/messages?limit=2")).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"].as_array().map(Vec::len), Some(2));
+    assert!(started.elapsed() < Duration::from_secs(2), "read after {:?}", started.elapsed());
+    // Still within its share, the hog's later requests having waited.
+    assert!(read_pages_bytes(&l).await <= READ_PAGES_BYTES_PER_CLIENT_MAX as u64);
+
+    drop(hog);
+    wait_until("the hog's pages given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}
+
 /// Messages published on one WebSocket are stored in the order sent, whatever their sizes:
 /// a large frame's checks take longer than a small one's, yet the small one sent after it
 /// gets the higher sequence (API.md §8).

@@ -1,11 +1,15 @@
 //! A budget of bytes that waiting work draws on: a semaphore whose permits are bytes.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// At most `max` bytes held at once; past it, [`ByteBudget::take`] waits for room.
+/// At most `max` bytes held at once; past it, [`ByteBudget::take`] waits for room. Clones
+/// share the budget.
+#[derive(Clone)]
 pub struct ByteBudget {
     permits: Arc<Semaphore>,
     max: usize,
@@ -38,21 +42,50 @@ impl ByteBudget {
         drop(permit.split(excess));
     }
 
-    /// `data` as bytes that keep `permit` until the last of their clones is dropped: a
+    /// `data` as bytes that keep `permits` until the last of their clones is dropped: a
     /// response body holds its share of the budget until the server has sent it.
-    pub fn hold(data: Vec<u8>, permit: OwnedSemaphorePermit) -> Bytes {
-        Bytes::from_owner(Held { data, _permit: permit })
+    pub fn hold<P: Send + 'static>(data: Vec<u8>, permits: P) -> Bytes {
+        Bytes::from_owner(Held { data, _permits: permits })
     }
 }
 
-struct Held {
+struct Held<P> {
     data: Vec<u8>,
-    _permit: OwnedSemaphorePermit,
+    _permits: P,
 }
 
-impl AsRef<[u8]> for Held {
+impl<P> AsRef<[u8]> for Held<P> {
     fn as_ref(&self) -> &[u8] {
         &self.data
+    }
+}
+
+/// A budget of `max` bytes for each client address: what one client may hold of a budget
+/// all share, so that one client cannot take all of it.
+pub struct PerClientBudgets {
+    max: usize,
+    budgets: Mutex<HashMap<IpAddr, ByteBudget>>,
+}
+
+/// Clients tracked before those that hold nothing are forgotten.
+const CLIENTS_TRACKED_BEFORE_PRUNING: usize = 1024;
+
+impl PerClientBudgets {
+    pub fn new(max: usize) -> Self {
+        Self { max, budgets: Mutex::new(HashMap::new()) }
+    }
+
+    /// The budget of the client at `ip`.
+    pub fn of(&self, ip: IpAddr) -> ByteBudget {
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(budget) = budgets.get(&ip) {
+            return budget.clone();
+        }
+        if budgets.len() >= CLIENTS_TRACKED_BEFORE_PRUNING {
+            // A budget nobody holds from is as good as a new one.
+            budgets.retain(|_, budget| budget.held() > 0);
+        }
+        budgets.entry(ip).or_insert_with(|| ByteBudget::new(self.max)).clone()
     }
 }
 
@@ -97,5 +130,25 @@ mod tests {
         drop(clone);
         assert_eq!(budget.held(), 0);
         assert_eq!(budget.take(10).await.num_permits(), 10);
+    }
+
+    #[tokio::test]
+    async fn each_client_has_its_own_budget_and_idle_ones_are_forgotten() {
+        let clients = PerClientBudgets::new(10);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let held = clients.of(a).take(10).await;
+        // The same client waits; another does not.
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(20), clients.of(a).take(1)).await.is_err());
+        drop(clients.of(b).take(10).await);
+        for i in 0..CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
+            drop(clients.of(IpAddr::from(i.to_be_bytes())).take(1).await);
+        }
+        let tracked = clients.budgets.lock().unwrap().len();
+        assert!(tracked < CLIENTS_TRACKED_BEFORE_PRUNING, "{tracked} clients tracked");
+        // Pruning kept the budget still held from.
+        assert_eq!(clients.of(a).held(), 10);
+        drop(held);
+        assert_eq!(clients.of(a).held(), 0);
     }
 }

@@ -29,6 +29,7 @@ pub mod propose;
 pub mod raft;
 pub mod serve;
 pub mod subscribe;
+pub mod write_deadline;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -66,8 +67,7 @@ pub async fn run<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let store = raft_store::open_with(&config.data_dir, config.io_mode)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
@@ -108,6 +108,7 @@ where
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
+        client_read_pages: budget::PerClientBudgets::new(limits::READ_PAGES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));

@@ -78,6 +78,12 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a request body may take to arrive (`408 request_timeout` after).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a write to a client's connection may wait for room before the connection is
+/// dropped (`write_deadline.rs`): a client that stops reading would otherwise hold a response,
+/// and its share of the read budget, forever. Longer than the stall deadlines of the
+/// WebSocket sessions, which close with a reason first.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Longest a request's headers may take to arrive, counted from the end of the previous answer
 /// on a keep-alive connection (so it is also how long such a connection may sit idle); then
 /// the connection is closed. Clients should drop idle connections sooner (the Rust client
@@ -110,6 +116,9 @@ pub const SUBSCRIBE_PAGE_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// has taken it (a slow one may take minutes), so without a bound a thousand of them replaying
 /// large messages would hold gigabytes; past it, the next read waits for room.
 pub const READ_PAGES_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// What the `GET /messages` bodies of one client address may hold of [`READ_PAGES_BYTES_MAX`]:
+/// a client that asks for pages and does not read them makes only its own reads wait.
+pub const READ_PAGES_BYTES_PER_CLIENT_MAX: usize = READ_PAGES_BYTES_MAX / 4;
 
 /// How long `GET /messages` waits for room among the pages read before it answers
 /// `503 unavailable`.
@@ -274,6 +283,9 @@ const _: () = {
     // Consecutive ticks start their trimming one topic apart (raft-store's tick).
     assert!(RETENTION_TICK_INTERVAL.as_millis() == raft_store::limits::TICK_ROTATION_MS as u128);
     assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
+    assert!(WRITE_STALL_TIMEOUT.as_millis() > SUBSCRIBE_IDLE_TIMEOUT.as_millis());
+    assert!(WRITE_STALL_TIMEOUT.as_millis() > PUBLISH_WS_SEND_TIMEOUT.as_millis());
+    assert!(WRITE_STALL_TIMEOUT.as_millis() > PEER_STALL_TIMEOUT.as_millis());
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
     assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);
@@ -281,6 +293,7 @@ const _: () = {
     assert!(RAFT_MESSAGE_BYTES_MAX * 2 <= RAFT_INBOUND_BYTES_MAX);
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
+    assert!(READ_PAGE_BYTES_RESERVED * 2 <= READ_PAGES_BYTES_PER_CLIENT_MAX);
     assert!(SUBSCRIBE_PAGE_PAYLOAD_BYTES <= raft_store::limits::READ_BYTES_MAX);
     // An ack held for every subscription a node may serve.
     assert!(ACKS_PENDING_MAX >= SUBSCRIPTIONS_MAX);

@@ -6,29 +6,41 @@
 //! Here hyper's header read timeout is on: a request's headers must arrive within
 //! [`HEADER_READ_TIMEOUT`], and a keep-alive connection idle that long between requests is
 //! closed too. Bodies have their own deadline ([`BODY_READ_TIMEOUT`]); an upgraded WebSocket
-//! leaves hyper and has its own pings.
+//! leaves hyper and has its own pings. Writes that stop making progress fail after
+//! [`WRITE_STALL_TIMEOUT`] (`write_deadline.rs`). Each request carries the address of the
+//! client it came from ([`ClientAddr`]), so that per-client limits can find it.
 //!
 //! [`BODY_READ_TIMEOUT`]: crate::limits::BODY_READ_TIMEOUT
+//! [`WRITE_STALL_TIMEOUT`]: crate::limits::WRITE_STALL_TIMEOUT
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::pin;
 
 use axum::serve::Listener;
 use axum::Router;
+use hyper::body::Incoming;
+use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
+use tower::ServiceExt;
+
 use crate::limits::HEADER_READ_TIMEOUT;
+use crate::write_deadline::WriteDeadline;
+
+/// The address of the client a request came from, in the request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub SocketAddr);
 
 /// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then
 /// stops accepting, lets requests in progress finish and returns once their connections have
 /// closed (upgraded WebSockets are not waited for: the node closes them itself).
 pub async fn serve<L>(mut listener: L, router: Router, shutdown: impl Future<Output = ()>)
 where
-    L: Listener,
-    L::Addr: std::fmt::Debug,
+    L: Listener<Addr = SocketAddr>,
 {
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
@@ -39,8 +51,13 @@ where
             accepted = listener.accept() => accepted,
             () = shutdown.as_mut() => break,
         };
-        let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned();
+        let service = router.clone().map_request(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ClientAddr(remote));
+            request
+        });
+        let service = TowerToHyperService::new(service);
+        let connection =
+            builder.serve_connection_with_upgrades(TokioIo::new(WriteDeadline::new(io)), service).into_owned();
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that went away or sent garbage; hyper has answered what it could.

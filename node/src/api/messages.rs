@@ -2,12 +2,14 @@
 //! messages after a cursor, served by any node, optionally long-polling for the next one.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 
 use super::input;
 use super::topics::active;
@@ -15,8 +17,10 @@ use crate::app::SharedApp;
 use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
-    READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_PAGES_WAIT_TIMEOUT, READ_PAGE_BYTES_RESERVED, READ_WAIT_MS_MAX,
+    READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_PAGES_BYTES_PER_CLIENT_MAX, READ_PAGES_WAIT_TIMEOUT,
+    READ_PAGE_BYTES_RESERVED, READ_WAIT_MS_MAX,
 };
+use crate::serve::ClientAddr;
 use crate::subscribe::frames::message_fields;
 
 fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>> {
@@ -25,9 +29,11 @@ fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>>
 
 pub async fn read(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
     query: RawQuery,
 ) -> Result<Response, ApiError> {
+    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
     let record = active(&app, &topic)?;
@@ -60,12 +66,12 @@ pub async fn read(
         // Something to return: a message after `after` that retention has not removed (a
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
         if record.current_sequence > page_start(&record, after) || wait_ms == 0 {
-            return page(&app, &record, after, limit).await;
+            return page(&app, client, &record, after, limit).await;
         }
         tokio::select! {
-            changed = watch.changed() => if changed.is_err() { return page(&app, &record, after, limit).await },
-            _ = tokio::time::sleep_until(deadline) => return page(&app, &record, after, limit).await,
-            _ = app.shutdown.cancelled() => return page(&app, &record, after, limit).await,
+            changed = watch.changed() => if changed.is_err() { return page(&app, client, &record, after, limit).await },
+            _ = tokio::time::sleep_until(deadline) => return page(&app, client, &record, after, limit).await,
+            _ = app.shutdown.cancelled() => return page(&app, client, &record, after, limit).await,
         }
     }
 }
@@ -77,14 +83,30 @@ fn page_start(record: &raft_store::TopicRecord, after: u64) -> u64 {
 }
 
 /// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
-/// The body counts against the node's budget of pages read until it has been sent.
+/// The body counts against the node's budget of pages read, and its client's share of it,
+/// until it has been sent.
 async fn page(
     app: &SharedApp,
+    client: Option<IpAddr>,
     record: &raft_store::TopicRecord,
     after: u64,
     limit: usize,
 ) -> Result<Response, ApiError> {
-    let mut reserved = tokio::time::timeout(READ_PAGES_WAIT_TIMEOUT, app.read_pages.take(READ_PAGE_BYTES_RESERVED))
+    let deadline = tokio::time::Instant::now() + READ_PAGES_WAIT_TIMEOUT;
+    let mut own = match client {
+        Some(ip) => {
+            let budget = app.client_read_pages.of(ip);
+            let taken = tokio::time::timeout_at(deadline, budget.take(READ_PAGE_BYTES_RESERVED)).await;
+            Some(taken.map_err(|_| {
+                ApiError::Unavailable(format!(
+                    "this client already holds {} MiB of pages it has not read yet",
+                    READ_PAGES_BYTES_PER_CLIENT_MAX >> 20
+                ))
+            })?)
+        }
+        None => None,
+    };
+    let mut reserved = tokio::time::timeout_at(deadline, app.read_pages.take(READ_PAGE_BYTES_RESERVED))
         .await
         .map_err(|_| ApiError::Unavailable("the node is busy sending pages of messages to other readers".into()))?;
     let start = page_start(record, after);
@@ -108,5 +130,8 @@ async fn page(
         .as_bytes(),
     );
     ByteBudget::shrink(&mut reserved, out.len());
-    Ok(([(header::CONTENT_TYPE, "application/json")], ByteBudget::hold(out, reserved)).into_response())
+    if let Some(own) = own.as_mut() {
+        ByteBudget::shrink(own, out.len());
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], ByteBudget::hold(out, (own, reserved))).into_response())
 }
