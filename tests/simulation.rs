@@ -162,13 +162,19 @@ async fn read_log(i: usize) -> Option<Vec<(u64, String)>> {
 /// A simulation seeded with `seed` (turmoil's network and, through our runtime, openraft's
 /// election timeouts).
 fn new_sim(seed: u64) -> turmoil::Sim<'static> {
+    new_sim_with_tcp_capacity(seed, 1 << 20)
+}
+
+/// [`new_sim`] where each direction of a TCP connection holds at most `segments` writes in
+/// flight: a small number makes a slow reader's socket fill up as a real one does.
+fn new_sim_with_tcp_capacity(seed: u64, segments: usize) -> turmoil::Sim<'static> {
     raft_store::runtime::seed_thread_rng(seed);
     turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(600))
         .tick_duration(Duration::from_millis(1))
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(20))
-        .tcp_capacity(1 << 20)
+        .tcp_capacity(segments)
         .rng_seed(seed)
         .build()
 }
@@ -645,4 +651,98 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
         assert_eq!(answer["error"], "no_leader", "{answers:?}");
         assert!(*took < Duration::from_secs(1), "answered after {took:?}, not at once: {answers:?}");
     }
+}
+
+/// Waits until the single node of a simulation is ready, then creates `topic` on it.
+async fn ready_with_topic(topic: &str) {
+    while request(&host(0), "GET", "/ready", None).await.map(|(status, _)| status) != Ok(200) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let created = request(&host(0), "POST", &format!("/topics/{topic}"), None).await.map(|(status, _)| status);
+    assert_eq!(created, Ok(201));
+}
+
+/// A subscriber on a slow link that keeps reading is served, however long a page takes it.
+/// It reads a full page (256 messages of 4 KB, about a megabyte) at 13 KB/s, so the page takes
+/// over a minute to go out; it answers pings only as it reaches them, behind the page. The
+/// session used to judge it by its last pong alone and close it with 1001 "no pong" the
+/// moment the page was sent, though no ping had gone unanswered.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
+    use pubsub_node::limits::{SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_MESSAGES};
+    const READ_EVERY: Duration = Duration::from_millis(300);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim_with_tcp_capacity(5, 2);
+    add_nodes(&mut sim, 1, dir.path());
+    sim.client("slow", async move {
+        ready_with_topic("t").await;
+        let payload = "x".repeat(4000);
+        let messages: Vec<Value> =
+            (0..SUBSCRIBE_PAGE_MESSAGES).map(|i| json!({"id": format!("m{i}"), "payload": payload})).collect();
+        let (status, _) =
+            request(&host(0), "POST", "/topics/t/messages/batch", Some(&json!({ "messages": messages }))).await?;
+        assert_eq!(status, 201);
+
+        let mut ws = websocket(&host(0), "/topics/t/subscribe?subscriber_id=slow&cursor=0").await?;
+        let started = tokio::time::Instant::now();
+        let mut last = 0;
+        while last < SUBSCRIBE_PAGE_MESSAGES as u64 + 1 {
+            if last == SUBSCRIBE_PAGE_MESSAGES as u64 {
+                // The page is read: a live message still comes through.
+                assert!(started.elapsed() > SUBSCRIBE_IDLE_TIMEOUT, "the page went out too fast to test anything");
+                let (status, _) =
+                    request(&host(0), "POST", "/topics/t/messages", Some(&json!({"payload": "live"}))).await?;
+                assert_eq!(status, 201);
+            }
+            match ws.next().await {
+                Some(Ok(Message::Text(text))) => {
+                    let frame: Value = serde_json::from_str(&text)?;
+                    if frame["type"] == "message" {
+                        assert_eq!(frame["sequence"], json!(last + 1), "{frame}");
+                        last += 1;
+                        tokio::time::sleep(READ_EVERY).await;
+                    }
+                }
+                Some(Ok(Message::Close(close))) => panic!("closed after {last} messages: {close:?}"),
+                Some(Ok(_)) => {}
+                other => panic!("the subscription ended after {last} messages: {other:?}"),
+            }
+        }
+        Ok(())
+    });
+    sim.run().expect("simulation");
+}
+
+/// A subscriber that stops reading, and so answers no ping, is closed with 1001 once a ping
+/// has gone unanswered for the idle timeout.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_subscriber_that_answers_no_ping_is_closed() {
+    use pubsub_node::limits::{SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PING_INTERVAL};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(6);
+    add_nodes(&mut sim, 1, dir.path());
+    sim.client("silent", async move {
+        ready_with_topic("t").await;
+        let mut ws = websocket(&host(0), "/topics/t/subscribe?subscriber_id=silent&cursor=0").await?;
+        // Reading answers pings, so read nothing for as long as the node may wait.
+        tokio::time::sleep(SUBSCRIBE_IDLE_TIMEOUT + SUBSCRIBE_PING_INTERVAL * 2 + Duration::from_secs(1)).await;
+        let mut pings = 0;
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Ping(_))) => pings += 1,
+                Some(Ok(Message::Close(Some(close)))) => {
+                    assert_eq!(u16::from(close.code), 1001, "{close:?}");
+                    assert_eq!(close.reason.as_str(), "no pong from subscriber");
+                    break;
+                }
+                Some(Ok(Message::Text(_))) => {}
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        }
+        assert!(pings >= 2, "closed after {pings} pings");
+        Ok(())
+    });
+    sim.run().expect("simulation");
 }

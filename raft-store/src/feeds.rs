@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tokio::sync::watch;
 
 use crate::command::TopicRecord;
+use crate::limits::DELETIONS_REMEMBERED;
 use crate::rules::Topics;
 
 /// What a subscriber needs to know about its topic after a change.
@@ -20,25 +21,37 @@ pub struct TopicSignal {
     /// False when the topic has never existed.
     pub exists: bool,
     /// Deletions of the topic this node applied since the watch was made (a subscriber
-    /// compares it with the count it started with), and `current_sequence` at the latest.
-    /// A topic deleted and created again in one apply shows `deleted: false`; these say it
-    /// was deleted all the same.
+    /// compares it with the count it started with). A topic deleted and created again in one
+    /// apply shows `deleted: false`; this says it was deleted all the same.
     pub deletions: u64,
-    pub deleted_after: u64,
+    /// `current_sequence` at the latest deletions: deletion `n` at `n % DELETIONS_REMEMBERED`
+    /// (see [`TopicSignal::deleted_after`]).
+    ends: [u64; DELETIONS_REMEMBERED],
     /// When the topic was last created (a revive sets it again): how a snapshot install,
     /// which skips the entries in between, tells that the topic was deleted and revived.
     pub created_at: u64,
 }
 
 impl TopicSignal {
-    /// The signal after `self` once the topic became `record`: the deletion count carries
-    /// over, plus one if the change deleted the topic (at `deleted_after`).
-    fn after(&self, record: Option<&TopicRecord>, deleted_after: Option<u64>) -> Self {
-        Self {
-            deletions: self.deletions + u64::from(deleted_after.is_some()),
-            deleted_after: deleted_after.unwrap_or(self.deleted_after),
-            ..Self::of(record)
+    /// The signal after `self` once the topic became `record` through `deletions` (each at
+    /// its `current_sequence`, in order): the deletion count carries over, plus those.
+    fn after(&self, record: Option<&TopicRecord>, deletions: &[u64]) -> Self {
+        let mut next = Self { deletions: self.deletions, ends: self.ends, ..Self::of(record) };
+        for &end in deletions {
+            next.deletions += 1;
+            next.ends[(next.deletions % DELETIONS_REMEMBERED as u64) as usize] = end;
         }
+        next
+    }
+
+    /// Where the first deletion after the `since`-th ended the topic: a subscriber that
+    /// started when `deletions` was `since` is owed messages up to there, then the notice,
+    /// even if the topic was created again and deleted again since. Past what is remembered,
+    /// the oldest deletion remembered (later than the first, never earlier).
+    pub fn deleted_after(&self, since: u64) -> u64 {
+        let oldest_remembered = self.deletions.saturating_sub(DELETIONS_REMEMBERED as u64 - 1);
+        let first = (since + 1).max(oldest_remembered);
+        self.ends[(first % DELETIONS_REMEMBERED as u64) as usize]
     }
 
     pub fn of(record: Option<&TopicRecord>) -> Self {
@@ -103,17 +116,17 @@ impl Feeds {
     }
 
     /// Called by `apply` with the watchers lock held and the topics already updated;
-    /// `deleted_after` is `current_sequence` at the latest deletion that apply made, if any.
+    /// `deletions` are `current_sequence` at each deletion that apply made, in order.
     pub(crate) fn notify(
         watchers: &mut HashMap<String, watch::Sender<TopicSignal>>,
         record: &TopicRecord,
-        deleted_after: Option<u64>,
+        deletions: &[u64],
     ) {
         if let Some(sender) = watchers.get(&record.name) {
             if sender.receiver_count() == 0 {
                 watchers.remove(&record.name);
             } else {
-                sender.send_modify(|signal| *signal = signal.after(Some(record), deleted_after));
+                sender.send_modify(|signal| *signal = signal.after(Some(record), deletions));
             }
         }
     }
@@ -129,7 +142,7 @@ impl Feeds {
         watchers.retain(|name, sender| {
             sender.send_modify(|signal| {
                 let record = topics.by_name.get(name);
-                *signal = signal.after(record, skipped_deletion(signal, record));
+                *signal = signal.after(record, skipped_deletion(signal, record).as_slice());
             });
             sender.receiver_count() > 0
         });
@@ -157,3 +170,22 @@ fn skipped_deletion(before: &TopicSignal, after: Option<&TopicRecord>) -> Option
 
 /// Shared handle to the feeds.
 pub type SharedFeeds = Arc<Feeds>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deletions_past_those_remembered_end_at_the_oldest_remembered() {
+        let ends: Vec<u64> = (1..=DELETIONS_REMEMBERED as u64 + 2).map(|n| n * 10).collect();
+        let signal = TopicSignal::default().after(None, &ends);
+        assert_eq!(signal.deletions, ends.len() as u64);
+        // The last DELETIONS_REMEMBERED are exact.
+        for since in 2..ends.len() as u64 {
+            assert_eq!(signal.deleted_after(since), (since + 1) * 10);
+        }
+        // Older ones fall back to the oldest remembered: later, never earlier.
+        assert_eq!(signal.deleted_after(0), 30);
+        assert_eq!(signal.deleted_after(1), 30);
+    }
+}

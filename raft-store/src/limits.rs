@@ -32,6 +32,11 @@ pub const READ_MESSAGES_MAX: usize = 1000;
 /// Bytes of payload returned by one read of the message log (a page stops early past it).
 pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Deletions of a topic whose end a topic's watch remembers: a subscriber that lags behind
+/// several deletions (each followed by a re-create) ends at the first one after its start, if
+/// no more than this many came since.
+pub const DELETIONS_REMEMBERED: usize = 4;
+
 /// Bytes of log entries (as stored) one replication read returns (at least one entry, whatever
 /// its size). openraft asks for up to `max_payload_entries` entries at a time and an entry
 /// can be a batch of a megabyte, so without this a follower catching up made the leader read

@@ -173,9 +173,11 @@ impl StateMachine {
 
         for name in &changed {
             if let Some(record) = topics.by_name.get(name) {
-                // Deletions are rare: the list is almost always empty, so no map is built.
-                let deleted_after = topics.deletions.iter().rev().find(|(n, _)| n == name).map(|&(_, at)| at);
-                Feeds::notify(&mut watchers, record, deleted_after);
+                // Deletions are rare: the list is almost always empty (collecting from it then
+                // allocates nothing), so no map is built.
+                let deletions: Vec<u64> =
+                    topics.deletions.iter().filter(|(n, _)| n == name).map(|&(_, at)| at).collect();
+                Feeds::notify(&mut watchers, record, &deletions);
             }
         }
         topics.deletions.clear();

@@ -233,8 +233,50 @@ async fn a_deletion_a_snapshot_install_skips_over_is_still_signalled() {
         assert_eq!(after.deleted, deleted, "{case}");
         assert_eq!(after.current_sequence, current, "{case}");
         if deletions > 0 {
-            assert_eq!(after.deleted_after, deleted_after, "{case}");
+            assert_eq!(after.deleted_after(before.deletions), deleted_after, "{case}");
         }
+    }
+}
+
+/// A topic deleted, created again and deleted again while a subscriber lags: the watch says
+/// where the first deletion ended the topic, so the subscriber gets the notice there and not
+/// after messages published once the topic was created again. Before, the watch kept only
+/// the latest deletion (and a single apply that deleted twice counted once).
+#[tokio::test]
+async fn a_topic_deleted_twice_signals_where_the_first_deletion_ended_it() {
+    for one_apply in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = raft_store::open(dir.path()).unwrap();
+        let start = vec![entry(1, create("a")), entry(2, publish("a", "m1")), entry(3, publish("a", "m2"))];
+        store.state_machine.apply(start).await.unwrap();
+        let watch = store.reader.watch_topic("a");
+        let since = watch.borrow().deletions;
+
+        let revive = |now_ms| Request::CreateTopic {
+            topic: "a".into(),
+            metadata: None,
+            retention: Retention::default(),
+            now_ms,
+        };
+        let mut rest = vec![entry(4, Request::DeleteTopic { topic: "a".into() }), entry(5, revive(50))];
+        rest.extend([entry(6, publish("a", "m3")), entry(7, Request::DeleteTopic { topic: "a".into() })]);
+        rest.extend([
+            entry(8, revive(60)),
+            entry(9, publish("a", "m4")),
+            entry(10, Request::DeleteTopic { topic: "a".into() }),
+        ]);
+        if one_apply {
+            store.state_machine.apply(rest).await.unwrap();
+        } else {
+            for e in rest {
+                store.state_machine.apply([e]).await.unwrap();
+            }
+        }
+        let signal = *watch.borrow();
+        assert_eq!(signal.deletions - since, 3, "one apply: {one_apply}");
+        assert_eq!(signal.deleted_after(since), 2, "one apply: {one_apply}");
+        assert_eq!(signal.deleted_after(since + 1), 3, "one apply: {one_apply}");
+        assert_eq!(signal.deleted_after(since + 2), 4, "one apply: {one_apply}");
     }
 }
 

@@ -44,8 +44,9 @@ struct Rings {
 }
 
 impl FrameCache {
-    /// Cached frames for sequences `after + 1 ..`, at most `max`, in order.
-    pub fn get(&self, topic_id: u64, after: u64, max: usize) -> Vec<(u64, Utf8Bytes)> {
+    /// Cached frames for sequences `after + 1 ..`, in order: at most `max`, and none after the
+    /// one that reaches `max_bytes` (a page from storage stops there too).
+    pub fn get(&self, topic_id: u64, after: u64, max: usize, max_bytes: usize) -> Vec<(u64, Utf8Bytes)> {
         let rings = self.lock();
         let Some(ring) = rings.by_topic.get(&topic_id) else {
             return Vec::new();
@@ -55,7 +56,16 @@ impl FrameCache {
             return Vec::new();
         }
         let skip = (next - ring.first) as usize;
-        ring.frames.iter().skip(skip).take(max).enumerate().map(|(i, f)| (next + i as u64, f.clone())).collect()
+        let mut bytes = 0;
+        let mut page = Vec::new();
+        for (i, frame) in ring.frames.iter().skip(skip).take(max).enumerate() {
+            if bytes >= max_bytes {
+                break;
+            }
+            bytes += frame.len();
+            page.push((next + i as u64, frame.clone()));
+        }
+        page
     }
 
     /// Adds frames read from storage (contiguous, in order).
@@ -139,14 +149,14 @@ mod tests {
     fn serves_contiguous_frames_after_a_cursor() {
         let c = FrameCache::default();
         c.put(1, &frames(5..=9));
-        let got: Vec<u64> = c.get(1, 6, 10).into_iter().map(|(s, _)| s).collect();
+        let got: Vec<u64> = c.get(1, 6, 10, usize::MAX).into_iter().map(|(s, _)| s).collect();
         assert_eq!(got, vec![7, 8, 9]);
-        assert!(c.get(1, 3, 10).is_empty(), "before the ring: storage");
-        assert!(c.get(1, 9, 10).is_empty(), "past the ring: nothing yet");
-        assert!(c.get(2, 0, 10).is_empty());
+        assert!(c.get(1, 3, 10, usize::MAX).is_empty(), "before the ring: storage");
+        assert!(c.get(1, 9, 10, usize::MAX).is_empty(), "past the ring: nothing yet");
+        assert!(c.get(2, 0, 10, usize::MAX).is_empty());
         c.put(1, &frames(8..=11));
-        assert_eq!(c.get(1, 9, 10).len(), 2);
-        assert_eq!(c.get(1, 9, 10)[1].1.as_str(), "f11");
+        assert_eq!(c.get(1, 9, 10, usize::MAX).len(), 2);
+        assert_eq!(c.get(1, 9, 10, usize::MAX)[1].1.as_str(), "f11");
     }
 
     #[test]
@@ -154,12 +164,22 @@ mod tests {
         let c = FrameCache::default();
         c.put(1, &frames(1..=3));
         c.put(1, &frames(10..=12));
-        assert!(c.get(1, 1, 10).is_empty());
-        assert_eq!(c.get(1, 9, 10).len(), 3);
+        assert!(c.get(1, 1, 10, usize::MAX).is_empty());
+        assert_eq!(c.get(1, 9, 10, usize::MAX).len(), 3);
         let many = FRAME_CACHE_FRAMES_PER_TOPIC as u64 + 10;
         c.put(1, &frames(13..=many + 12));
-        assert!(c.get(1, 12, 1).is_empty(), "oldest frames were evicted");
-        assert_eq!(c.get(1, many + 11, 10).len(), 1);
+        assert!(c.get(1, 12, 1, usize::MAX).is_empty(), "oldest frames were evicted");
+        assert_eq!(c.get(1, many + 11, 10, usize::MAX).len(), 1);
+    }
+
+    #[test]
+    fn a_page_stops_at_the_frame_that_reaches_the_byte_bound() {
+        let c = FrameCache::default();
+        c.put(1, &frames(10..=19)); // "f10".."f19", 3 bytes each
+        let sequences = |page: Vec<(u64, Utf8Bytes)>| page.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+        assert_eq!(sequences(c.get(1, 9, 100, 7)), vec![10, 11, 12], "the frame that crosses is in");
+        assert_eq!(sequences(c.get(1, 9, 100, 6)), vec![10, 11]);
+        assert_eq!(sequences(c.get(1, 9, 100, 1)), vec![10], "one frame at least");
     }
 
     #[test]
@@ -167,8 +187,8 @@ mod tests {
         let c = FrameCache::default();
         c.put(1, &frames(100..=110));
         c.put(1, &frames(1..=5));
-        assert!(c.get(1, 0, 10).is_empty(), "the replay's page was not cached");
-        assert_eq!(c.get(1, 104, 10).len(), 6, "the tail's frames stayed");
+        assert!(c.get(1, 0, 10, usize::MAX).is_empty(), "the replay's page was not cached");
+        assert_eq!(c.get(1, 104, 10, usize::MAX).len(), 6, "the tail's frames stayed");
     }
 
     #[test]
@@ -181,7 +201,7 @@ mod tests {
             let ring: Vec<_> = (1..=per_topic as u64).map(|s| (s, frame.clone())).collect();
             c.put(topic, &ring);
             assert!(c.bytes() <= FRAME_CACHE_BYTES_MAX, "{} bytes cached", c.bytes());
-            assert_eq!(c.get(topic, 0, usize::MAX).len(), per_topic, "the topic just put is kept whole");
+            assert_eq!(c.get(topic, 0, usize::MAX, usize::MAX).len(), per_topic, "the topic just put is kept whole");
         }
         // Accounting matches the rings left.
         let rings = c.lock();

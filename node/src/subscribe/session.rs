@@ -95,19 +95,19 @@ impl Drop for Registration {
 }
 
 pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registration: Registration) {
-    let (mut sink, stream) = socket.split();
-    let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let (sink, stream) = socket.split();
+    let mut out = Outbox::new(sink);
     let client_gone = Arc::new(Notify::new());
     let listener = tokio::spawn(listen(
         app.clone(),
         stream,
         session.topic.clone(),
         session.subscriber_id.clone(),
-        heard.clone(),
+        out.heard.clone(),
         client_gone.clone(),
     ));
 
-    let end = serve(&app, &mut sink, &session, &heard, &client_gone).await;
+    let end = serve(&app, &mut out, &session, &client_gone).await;
     listener.abort();
     // No ack is recorded past this point: a stopping node, which waits for every session to
     // get here, can then record the last of them (lib.rs).
@@ -115,7 +115,7 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     drop(registration);
     if let End::Close(code, reason) = end {
         let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
-        let _ = tokio::time::timeout(SUBSCRIBE_PING_INTERVAL, sink.send(Message::Close(Some(frame)))).await;
+        let _ = tokio::time::timeout(SUBSCRIBE_PING_INTERVAL, out.sink.send(Message::Close(Some(frame)))).await;
     }
 }
 
@@ -144,64 +144,84 @@ async fn listen(
     client_gone.notify_one();
 }
 
-/// Sends `text` frames, giving up on a client that reads nothing for the idle timeout. The
-/// deadline is per frame (a frame waits only while the socket's buffer is full), so a slow
-/// reader that keeps reading is served, however long a page takes it.
-async fn send_all<T: Into<Utf8Bytes>>(sink: &mut Sink, texts: impl IntoIterator<Item = T>) -> Result<(), End> {
-    for text in texts {
-        within_idle_timeout(sink.feed(Message::Text(text.into()))).await?;
+/// The session's side of the socket, and what it knows of the client's liveness.
+///
+/// A client is judged gone only when a ping it was sent went unanswered for
+/// [`SUBSCRIBE_IDLE_TIMEOUT`] with no other sign of life since. Judging from the last sign of
+/// life alone cut off slow readers: one working through a long page answers no ping meanwhile
+/// (none was sent) and was closed as silent the moment the page was done.
+struct Outbox {
+    sink: Sink,
+    /// The last sign of life: any frame from the client (its listener sets this), or a write
+    /// of ours that waited for room in the socket and got it (the client is taking our bytes).
+    heard: Arc<std::sync::Mutex<Instant>>,
+    /// When the oldest ping not answered since was sent.
+    unanswered_ping: Option<Instant>,
+}
+
+impl Outbox {
+    fn new(sink: Sink) -> Self {
+        Self { sink, heard: Arc::new(std::sync::Mutex::new(Instant::now())), unanswered_ping: None }
     }
-    within_idle_timeout(sink.flush()).await
+
+    fn heard(&self) -> Instant {
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `text` frames, giving up on a client that reads nothing for the idle timeout. The
+    /// deadline is per frame (a frame waits only while the socket's buffer is full), so a slow
+    /// reader that keeps reading is served, however long a page takes it.
+    async fn send_all<T: Into<Utf8Bytes>>(&mut self, texts: impl IntoIterator<Item = T>) -> Result<(), End> {
+        for text in texts {
+            within_idle_timeout(&self.heard, self.sink.feed(Message::Text(text.into()))).await?;
+        }
+        within_idle_timeout(&self.heard, self.sink.flush()).await
+    }
+
+    /// The liveness check, each [`SUBSCRIBE_PING_INTERVAL`]: ends the session when a ping went
+    /// unanswered for [`SUBSCRIBE_IDLE_TIMEOUT`] with no sign of life since, else pings.
+    async fn keep_alive(&mut self) -> Result<(), End> {
+        if let Some(sent) = self.unanswered_ping {
+            if self.heard() > sent {
+                self.unanswered_ping = None;
+            } else if sent.elapsed() > SUBSCRIBE_IDLE_TIMEOUT {
+                return Err(End::Close(1001, "no pong from subscriber"));
+            }
+        }
+        within_idle_timeout(&self.heard, self.sink.send(Message::Ping(Default::default()))).await?;
+        self.unanswered_ping.get_or_insert_with(Instant::now);
+        Ok(())
+    }
 }
 
 /// Runs one write to the socket, for at most [`SUBSCRIBE_IDLE_TIMEOUT`]. The deadline's timer
 /// is armed only when the write has to wait for room in the socket's buffer: on a fan-out
-/// every frame to every subscriber passes here, and nearly all go out at once.
-async fn within_idle_timeout<F>(mut write: F) -> Result<(), End>
+/// every frame to every subscriber passes here, and nearly all go out at once. A write that
+/// waited and got room is a sign of life.
+async fn within_idle_timeout<F>(heard: &std::sync::Mutex<Instant>, mut write: F) -> Result<(), End>
 where
     F: Future<Output = Result<(), axum::Error>> + Unpin,
 {
     let written = match (&mut write).now_or_never() {
         Some(written) => written,
-        None => tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, write)
-            .await
-            .map_err(|_| End::Close(1008, "subscriber stopped reading"))?,
+        None => {
+            let written = tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, write)
+                .await
+                .map_err(|_| End::Close(1008, "subscriber stopped reading"))?;
+            *heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            written
+        }
     };
     written.map_err(|_| End::Gone)
 }
 
-/// The liveness check, each [`SUBSCRIBE_PING_INTERVAL`]: ends the session when nothing came
-/// from the client (pongs included) for [`SUBSCRIBE_IDLE_TIMEOUT`], else pings it.
-async fn keep_alive(sink: &mut Sink, heard: &std::sync::Mutex<Instant>) -> Result<(), End> {
-    let quiet = heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
-    if quiet > SUBSCRIBE_IDLE_TIMEOUT {
-        return Err(End::Close(1001, "no pong from subscriber"));
-    }
-    match tokio::time::timeout(SUBSCRIBE_IDLE_TIMEOUT, sink.send(Message::Ping(Default::default()))).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(End::Gone),
-    }
-}
-
-async fn serve(
-    app: &SharedApp,
-    sink: &mut Sink,
-    s: &Session,
-    heard: &std::sync::Mutex<Instant>,
-    client_gone: &Notify,
-) -> End {
-    match serve_inner(app, sink, s, heard, client_gone).await {
+async fn serve(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone: &Notify) -> End {
+    match serve_inner(app, out, s, client_gone).await {
         Ok(end) | Err(end) => end,
     }
 }
 
-async fn serve_inner(
-    app: &SharedApp,
-    sink: &mut Sink,
-    s: &Session,
-    heard: &std::sync::Mutex<Instant>,
-    client_gone: &Notify,
-) -> Result<End, End> {
+async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone: &Notify) -> Result<End, End> {
     let mut watch = s.feed.clone();
     let deletions_at_start = s.deletions_at_start;
     let server = app.raft.server_metrics();
@@ -218,45 +238,47 @@ async fn serve_inner(
     tokio::pin!(shutdown);
     let leaders = leader_changes(server);
     tokio::pin!(leaders);
-    send_all(sink, [frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
+    out.send_all([frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
 
     loop {
         let signal = *watch.borrow_and_update();
         // Deleted since the session started, perhaps created again since: what came before
         // the deletion is delivered, then the notice, even if the topic is live again.
         let deleted_since_start = signal.deletions != deletions_at_start;
-        let last = if deleted_since_start { signal.deleted_after } else { signal.current_sequence };
+        let last = if deleted_since_start { signal.deleted_after(deletions_at_start) } else { signal.current_sequence };
         if signal.first_sequence > cursor + 1 {
-            send_all(sink, [frames::messages_expired(&s.topic, cursor, signal.first_sequence)]).await?;
+            out.send_all([frames::messages_expired(&s.topic, cursor, signal.first_sequence)]).await?;
             cursor = signal.first_sequence - 1;
         }
         if cursor < last {
-            let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES);
-            // A page read from storage counts against the node's budget until it is sent.
-            let mut _reserved = None;
+            let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
+            // A page counts against the node's budget of pages read until it is sent: one
+            // from the cache too, whose frames the cache may drop while a slow reader still
+            // holds them. One from storage reserves its worst case before the read.
+            let wanted = if page.is_empty() { SUBSCRIBE_PAGE_BYTES_RESERVED } else { frame_bytes(&page) };
+            // Others' pages may take long to send to slow readers: keep pinging meanwhile,
+            // and keep this place in the queue.
+            let take = app.read_pages.take(wanted);
+            tokio::pin!(take);
+            let mut _reserved = loop {
+                tokio::select! {
+                    biased;
+                    reserved = &mut take => break reserved,
+                    _ = ping.tick() => out.keep_alive().await?,
+                    () = &mut client_gone => return Ok(End::Gone),
+                    () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
+                }
+            };
             if page.is_empty() {
-                // Others' pages may take long to send to slow readers: keep pinging meanwhile,
-                // and keep this place in the queue.
-                let take = app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED);
-                tokio::pin!(take);
-                let mut reserved = loop {
-                    tokio::select! {
-                        reserved = &mut take => break reserved,
-                        _ = ping.tick() => keep_alive(sink, heard).await?,
-                        () = &mut client_gone => return Ok(End::Gone),
-                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
-                    }
-                };
                 page = read_page(app, s, cursor)?;
-                ByteBudget::shrink(&mut reserved, page.iter().map(|(_, frame)| frame.len()).sum());
-                _reserved = Some(reserved);
+                ByteBudget::shrink(&mut _reserved, frame_bytes(&page));
             }
-            if deliver_page(app, sink, s, &mut cursor, last, page).await? {
+            if deliver_page(app, out, s, &mut cursor, last, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
                 // on this path too, or a client that only answers pings (a browser) is never
                 // pinged, and cut off as silent once the delivery lets up.
                 if ping.tick().now_or_never().is_some() {
-                    keep_alive(sink, heard).await?;
+                    out.keep_alive().await?;
                 }
                 // Nor does it see a shutdown there.
                 if app.shutdown.is_cancelled() {
@@ -268,7 +290,7 @@ async fn serve_inner(
             // snapshot install is rewriting it. The install signals when done; spinning here
             // would hold every session of this delivery thread until then.
         } else if signal.deleted || deleted_since_start {
-            send_all(sink, [frames::topic_deleted(&s.topic)]).await?;
+            out.send_all([frames::topic_deleted(&s.topic)]).await?;
             return Ok(End::Close(1000, "topic deleted"));
         }
         tokio::select! {
@@ -279,14 +301,18 @@ async fn serve_inner(
                 };
                 if let Some(id) = leader.filter(|_| leader != last_leader) {
                     last_leader = leader;
-                    send_all(sink, [frames::leader_change(&addr_of(app, id), id)]).await?;
+                    out.send_all([frames::leader_change(&addr_of(app, id), id)]).await?;
                 }
             }
-            _ = ping.tick() => keep_alive(sink, heard).await?,
+            _ = ping.tick() => out.keep_alive().await?,
             () = &mut client_gone => return Ok(End::Gone),
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
+}
+
+fn frame_bytes(page: &[(u64, Utf8Bytes)]) -> usize {
+    page.iter().map(|(_, frame)| frame.len()).sum()
 }
 
 /// Reads the page after `cursor` from storage, as frames, and shares them through the cache.
@@ -310,14 +336,14 @@ fn read_page(app: &SharedApp, s: &Session, cursor: u64) -> Result<Vec<(u64, Utf8
 /// empty (storage had nothing after the cursor; the cursor did not move).
 async fn deliver_page(
     app: &SharedApp,
-    sink: &mut Sink,
+    out: &mut Outbox,
     s: &Session,
     cursor: &mut u64,
     last: u64,
     page: Vec<(u64, Utf8Bytes)>,
 ) -> Result<bool, End> {
     let Some(&(first, _)) = page.first() else { return Ok(false) };
-    let mut out = Vec::with_capacity(page.len() + 1);
+    let mut frames_out = Vec::with_capacity(page.len() + 1);
     let mut delivered = 0;
     for (sequence, frame) in page {
         debug_assert!(sequence > *cursor);
@@ -326,18 +352,18 @@ async fn deliver_page(
         }
         if sequence != *cursor + 1 {
             // Trimmed between the signal and the read: say so, then go on.
-            out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, sequence)));
+            frames_out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, sequence)));
         }
-        out.push(frame);
+        frames_out.push(frame);
         *cursor = sequence;
         delivered += 1;
     }
     if first > last {
         // Everything up to `last` (a deletion's sequence) was trimmed meanwhile.
-        out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, first)));
+        frames_out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, first)));
         *cursor = last;
     }
-    send_all(sink, out).await?;
+    out.send_all(frames_out).await?;
     app.metrics.delivered.inc_by(delivered);
     Ok(true)
 }
