@@ -471,6 +471,45 @@ async fn subscriptions_replay_then_follow_and_record_acks() {
     }
 }
 
+/// A recorded cursor can be forgotten (ext): it leaves the listing, `cursor=acked` starts from
+/// 0 again, and forgetting it twice, or on a topic that is not there, is a 404.
+#[tokio::test]
+async fn a_recorded_cursor_can_be_forgotten() {
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+    for i in 1..=2 {
+        post(&format!("{l}/topics/t/messages"), &json!({"payload": i})).await.unwrap();
+    }
+    for subscriber in ["gone", "kept"] {
+        let mut ws = ws_connect(&l, &format!("/topics/t/subscribe?subscriber_id={subscriber}&cursor=0")).await;
+        assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+        ws.send(Message::Text(r#"{"type":"ack","sequence":2}"#.into())).await.unwrap();
+        wait_acked(&l, "t", subscriber, 2).await;
+        ws.close(None).await.unwrap();
+    }
+    let r = delete(&format!("{l}/topics/t/subscribers/gone")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        (&r.body["subscriber_id"], &r.body["acked_sequence"], &r.body["deleted"]),
+        (&json!("gone"), &json!(2), &json!(true))
+    );
+    let listed = get(&format!("{l}/topics/t/subscribers")).await.unwrap().body;
+    let ids: Vec<&str> =
+        listed["subscribers"].as_array().unwrap().iter().map(|s| s["subscriber_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["kept"]);
+    let mut again = ws_connect(&l, "/topics/t/subscribe?subscriber_id=gone&cursor=acked").await;
+    assert_eq!(next_frame(&mut again).await["cursor"], 0);
+
+    let r = delete(&format!("{l}/topics/t/subscribers/gone")).await.unwrap();
+    assert!(r.status == 404 && is_error_body(&r.body, "not_found"), "{r:?}");
+    assert_eq!(r.body["details"], json!({"topic": "t", "subscriber_id": "gone"}));
+    let r = delete(&format!("{l}/topics/none/subscribers/kept")).await.unwrap();
+    assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{r:?}");
+    let r = delete(&format!("{l}/topics/t/subscribers/{}", "x".repeat(300))).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+}
+
 #[tokio::test]
 async fn retention_trims_and_subscribers_are_told() {
     let c = Cluster::start(Options::default()).await;

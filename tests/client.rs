@@ -275,6 +275,14 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     assert_eq!(rest, vec![7, 8, 9, 10, 11]);
     drop(resumed);
 
+    // A forgotten cursor: what it was, then nothing to forget.
+    let forgotten = client.forget_subscriber("t", "billing").await.expect("forget");
+    assert_eq!((forgotten.acked_sequence, forgotten.deleted), (Some(6), true));
+    match client.forget_subscriber("t", "billing").await {
+        Err(pubsub_client::Error::Api(e)) => assert_eq!(e.code, pubsub_client::ErrorCode::Other("not_found".into())),
+        other => panic!("forgot a cursor twice: {other:?}"),
+    }
+
     // An ack a node received just before it was stopped (SIGTERM) is recorded all the same,
     // not dropped with the coalescer's last 100 ms.
     let leader = c.wait_leader(CONVERGE).await;

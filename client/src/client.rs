@@ -13,8 +13,8 @@ use crate::error::{Error, ErrorCode};
 use crate::limits;
 use crate::retry::RetryPolicy;
 use crate::types::{
-    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, MessagePage, NewMessage, PublishAck,
-    RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList, TopicSummary,
+    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, ForgottenCursor, MessagePage,
+    NewMessage, PublishAck, RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList, TopicSummary,
 };
 
 /// Everything a [`Client`] can be tuned with. Build it with [`ClientBuilder`], or start from
@@ -537,6 +537,33 @@ impl Client {
         let list: SubscriberList =
             self.execute(&Call::new(Method::GET, &["topics", topic, "subscribers"], false)).await?.parse()?;
         Ok(list.subscribers)
+    }
+
+    /// Forgets a subscriber's recorded cursor (ext): `cursor=acked` starts it from 0 again,
+    /// and it leaves [`Client::subscribers`]. A subscriber still connected records a new one
+    /// with its next ack. None recorded: an [`Error::Api`] with code `not_found`.
+    ///
+    /// ```no_run
+    /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {
+    /// let forgotten = client.forget_subscriber("orders", "billing").await?;
+    /// println!("billing had acked #{:?}", forgotten.acked_sequence);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn forget_subscriber(&self, topic: &str, subscriber_id: &str) -> Result<ForgottenCursor, Error> {
+        let call = Call::new(Method::DELETE, &["topics", topic, "subscribers", subscriber_id], true);
+        let reply = self.execute(&call).await?;
+        if reply.status == 404 && reply.maybe_applied && reply.api_error().code == ErrorCode::Other("not_found".into())
+        {
+            return Ok(ForgottenCursor {
+                topic: topic.to_string(),
+                subscriber_id: subscriber_id.to_string(),
+                acked_sequence: None,
+                deleted: true,
+                raft_index: None,
+            });
+        }
+        reply.parse()
     }
 }
 

@@ -83,6 +83,22 @@ pub struct TopicInfo {
     pub metadata: Value,
 }
 
+/// `DELETE /topics/:name/subscribers/:id` (ext): a subscriber's recorded cursor, forgotten.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForgottenCursor {
+    pub topic: String,
+    pub subscriber_id: String,
+    /// The sequence it had acked; `None` when a retry found it already forgotten by an
+    /// earlier attempt of the same call.
+    #[serde(default)]
+    pub acked_sequence: Option<u64>,
+    /// True: the cursor is gone.
+    pub deleted: bool,
+    /// Raft index of the entry; `None` as for `acked_sequence`.
+    #[serde(default)]
+    pub raft_index: Option<u64>,
+}
+
 /// `DELETE /topics/:name` (API.md §3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeleteTopicAck {

@@ -35,6 +35,8 @@ pub enum ApiError {
     NotCommitted(String),
     #[error("no route for {0}")]
     NotFound(String),
+    #[error("no cursor is recorded for subscriber {subscriber_id:?} on topic {topic:?}")]
+    CursorNotFound { topic: String, subscriber_id: String },
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("{0}")]
@@ -60,7 +62,7 @@ impl ApiError {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::RaftTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
             Self::NotCommitted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not_committed"),
-            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::NotFound(_) | Self::CursorNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
@@ -85,6 +87,9 @@ impl ApiError {
                 body["details"] = json!({"id": id, "existing_sequence": existing_sequence});
             }
             Self::TopicNotFound(topic) => body["details"] = json!({"topic": topic}),
+            Self::CursorNotFound { topic, subscriber_id } => {
+                body["details"] = json!({"topic": topic, "subscriber_id": subscriber_id})
+            }
             _ => {}
         }
         body

@@ -39,6 +39,10 @@ pub enum Request {
     /// without looking it up first (a RocksDB read per message on every node). Declared
     /// last: bincode numbers variants by position, so logs written before it still decode.
     PublishGeneratedIds { topic: String, messages: Vec<NewMessage>, now_ms: u64 },
+    /// Forget a subscriber's recorded cursor on a topic (`DELETE
+    /// /topics/:name/subscribers/:id`): cursors are otherwise kept for good, one per
+    /// subscriber id that ever acked. Declared last, for the same reason.
+    ForgetCursor { topic: String, subscriber_id: String },
 }
 
 impl Request {
@@ -61,6 +65,7 @@ impl Request {
             Request::Ack { acks } => acks.iter().map(|a| a.topic.len() + a.subscriber_id.len() + 8).sum(),
             Request::Batch(requests) => requests.iter().map(Request::approx_bytes).sum(),
             Request::DeleteTopic { topic } => topic.len(),
+            Request::ForgetCursor { topic, subscriber_id } => topic.len() + subscriber_id.len(),
             Request::Tick { .. } => 8,
         }
     }
@@ -119,6 +124,8 @@ pub enum Response {
     /// A new topic was refused: the cluster holds [`crate::limits::TOPICS_MAX`] topics,
     /// deleted ones included. (Added last: the forward RPC carries responses by variant index.)
     TopicLimitReached,
+    /// A subscriber's cursor was forgotten (or none was recorded). Added last, as above.
+    CursorForgotten,
 }
 
 /// What happened to one published message.
@@ -178,5 +185,7 @@ mod tests {
         assert_eq!(position(&Request::Tick { now_ms: 1 }), 4);
         assert_eq!(position(&Request::Batch(vec![])), 5);
         assert_eq!(position(&publish(true)), 6);
+        let forget = Request::ForgetCursor { topic: "t".into(), subscriber_id: "s".into() };
+        assert_eq!(position(&forget), 7);
     }
 }

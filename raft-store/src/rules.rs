@@ -36,6 +36,7 @@ pub trait SmStore {
     /// Deletes messages `[from, to)`.
     fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64);
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64);
+    fn cursor_delete(&mut self, topic_id: u64, subscriber_id: &str);
 }
 
 /// The in-memory part of the state: every topic record, by name, and the next topic id.
@@ -81,6 +82,7 @@ fn apply_command(
             publish(topics, store, topic, messages, *now_ms, Ids::Generated, trim_budget)
         }
         Request::Ack { acks } => Ok(ack(topics, store, acks)),
+        Request::ForgetCursor { topic, subscriber_id } => Ok(forget_cursor(topics, store, topic, subscriber_id)),
         Request::Tick { now_ms } => tick(topics, store, *now_ms, trim_budget),
         Request::Batch(requests) => {
             let mut responses = Vec::with_capacity(requests.len());
@@ -229,6 +231,21 @@ fn ack(topics: &Topics, store: &mut impl SmStore, acks: &[AckRecord]) -> (Respon
     (Response::Acked, vec![])
 }
 
+fn forget_cursor(
+    topics: &Topics,
+    store: &mut impl SmStore,
+    name: &str,
+    subscriber_id: &str,
+) -> (Response, Vec<String>) {
+    match topics.by_name.get(name).filter(|r| !r.deleted) {
+        Some(record) => {
+            store.cursor_delete(record.id, subscriber_id);
+            (Response::CursorForgotten, vec![])
+        }
+        None => (Response::TopicNotFound, vec![]),
+    }
+}
+
 fn tick(
     topics: &mut Topics,
     store: &mut impl SmStore,
@@ -349,6 +366,9 @@ pub(crate) mod tests {
         }
         fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
             self.cursors.insert((topic_id, subscriber_id.to_string()), sequence);
+        }
+        fn cursor_delete(&mut self, topic_id: u64, subscriber_id: &str) {
+            self.cursors.remove(&(topic_id, subscriber_id.to_string()));
         }
     }
 
@@ -586,5 +606,21 @@ pub(crate) mod tests {
         assert_eq!(s.cursors[&(1, "s".to_string())], 3);
         run(&mut t, &mut s, Request::Ack { acks: vec![ack(1)] });
         assert_eq!(s.cursors[&(1, "s".to_string())], 1);
+    }
+
+    #[test]
+    fn a_forgotten_cursor_is_gone_and_others_stay() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
+        let ack =
+            |subscriber_id: &str| AckRecord { topic: "a".into(), subscriber_id: subscriber_id.into(), sequence: 2 };
+        run(&mut t, &mut s, Request::Ack { acks: vec![ack("s"), ack("keep")] });
+        let forget = |topic: &str| Request::ForgetCursor { topic: topic.into(), subscriber_id: "s".into() };
+        assert_eq!(run(&mut t, &mut s, forget("a")), Response::CursorForgotten);
+        assert_eq!(s.cursors.keys().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), vec!["keep"]);
+        // Idempotent, and refused for a topic that is not there.
+        assert_eq!(run(&mut t, &mut s, forget("a")), Response::CursorForgotten);
+        assert_eq!(run(&mut t, &mut s, forget("none")), Response::TopicNotFound);
     }
 }

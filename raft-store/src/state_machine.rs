@@ -285,6 +285,10 @@ impl SmStore for ApplyBatch<'_> {
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
         self.batch.put_cf(self.cf_cursors, topic_scoped_key(topic_id, subscriber_id), sequence.to_be_bytes());
     }
+
+    fn cursor_delete(&mut self, topic_id: u64, subscriber_id: &str) {
+        self.batch.delete_cf(self.cf_cursors, topic_scoped_key(topic_id, subscriber_id));
+    }
 }
 
 impl SnapshotFiles {

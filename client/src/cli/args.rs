@@ -100,6 +100,13 @@ pub enum TopicsCommand {
         /// Topic name.
         name: String,
     },
+    /// Forget a subscriber's recorded cursor: `--cursor acked` starts it from 0 again.
+    ForgetSubscriber {
+        /// Topic name.
+        name: String,
+        /// The subscriber id whose cursor to forget.
+        subscriber_id: String,
+    },
 }
 
 /// `pubsub publish …`

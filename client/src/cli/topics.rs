@@ -56,6 +56,11 @@ pub(super) async fn run(client: &Client, output: &Output, command: TopicsCommand
             let ack = client.delete_topic(&name).await?;
             output.either(&format!("deleted topic {}", ack.topic), &ack)
         }
+        TopicsCommand::ForgetSubscriber { name, subscriber_id } => {
+            let forgotten = client.forget_subscriber(&name, &subscriber_id).await?;
+            let had = forgotten.acked_sequence.map(|s| format!(" (it had acked #{s})")).unwrap_or_default();
+            output.either(&format!("forgot the cursor of {subscriber_id} on {name}{had}"), &forgotten)
+        }
         TopicsCommand::Subscribers { name } => {
             let subscribers = client.subscribers(&name).await?;
             if output.json {

@@ -125,7 +125,10 @@ async fn page(
     out.extend_from_slice(
         format!(
             "],\"next_cursor\":{next_cursor},\"current_sequence\":{},\"first_available_sequence\":{}}}",
-            record.current_sequence, record.first_sequence
+            // The read may see messages applied after the record was taken: the body never
+            // says the topic ends before a message it holds.
+            record.current_sequence.max(next_cursor),
+            record.first_sequence
         )
         .as_bytes(),
     );

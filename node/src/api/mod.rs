@@ -1,7 +1,7 @@
 //! The client API (API.md §2–§5) as axum routes.
 //!
 //! - [`cluster`]: `/cluster`, `/health`, `/ready`, `/metrics`.
-//! - [`topics`]: topic create, list, get, delete, and subscriber listing.
+//! - [`topics`]: topic create, list, get, delete, subscriber listing and forgetting.
 //! - [`publish`]: single and batch publish.
 //! - [`publish_ws`]: publishing over one WebSocket with many messages in flight (ext).
 //! - [`messages`]: `GET /topics/:name/messages` with long-poll.
@@ -18,7 +18,7 @@ pub mod topics;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 use crate::app::SharedApp;
@@ -50,6 +50,7 @@ pub fn router(app: SharedApp) -> Router {
         .route("/topics/{name}/publish", get(publish_ws::upgrade))
         .route("/topics/{name}/subscribe", get(subscribe::subscribe))
         .route("/topics/{name}/subscribers", get(topics::subscribers))
+        .route("/topics/{name}/subscribers/{subscriber_id}", delete(topics::forget_subscriber))
         .route("/raft", get(crate::raft::server::handle))
         .fallback(unrouted)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

@@ -163,6 +163,36 @@ pub async fn delete(
     }
 }
 
+/// Forgets a subscriber's recorded cursor (on the leader), answering what it was; 404
+/// `not_found` when none is recorded. A subscriber still connected records a new one with its
+/// next ack.
+pub async fn forget_subscriber(
+    State(app): State<SharedApp>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
+) -> Result<Json<Value>, ApiError> {
+    let Path((name, subscriber_id)) = path.map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
+    let name = input::topic_name(Ok(Path(name)))?;
+    input::id_field("subscriber_id", &subscriber_id)?;
+    app.require_leader(&input::path_and_query(&uri))?;
+    let record = active(&app, &name)?;
+    let Some(acked) = app.reader.cursor(record.id, &subscriber_id)? else {
+        return Err(ApiError::CursorNotFound { topic: name, subscriber_id });
+    };
+    let request = Request::ForgetCursor { topic: name.clone(), subscriber_id: subscriber_id.clone() };
+    let written = app.write(request, &input::path_and_query(&uri)).await?;
+    match written.response {
+        SmResponse::CursorForgotten => Ok(Json(json!({
+            "topic": name,
+            "subscriber_id": subscriber_id,
+            "acked_sequence": acked,
+            "deleted": true,
+            "raft_index": written.log_index,
+        }))),
+        _ => Err(ApiError::TopicNotFound(name)),
+    }
+}
+
 /// Recorded cursors (replicated, the same on every node) plus the subscribers connected to
 /// this node that have not acked yet.
 pub async fn subscribers(
