@@ -65,7 +65,10 @@ pub async fn read(
         let record = active(&app, &topic)?;
         // Something to return: a message after `after` that retention has not removed (a
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
-        if record.current_sequence > page_start(&record, after) || wait_ms == 0 {
+        // A long poll waits out a snapshot install (it signals when done): storage may lack
+        // the messages meanwhile, and the page would be refused.
+        let settled = !app.reader.installing() || wait_ms == 0;
+        if (record.current_sequence > page_start(&record, after) && settled) || wait_ms == 0 {
             return page(&app, client, &record, after, limit).await;
         }
         tokio::select! {
@@ -110,7 +113,7 @@ async fn page(
         .await
         .map_err(|_| ApiError::Unavailable("the node is busy sending pages of messages to other readers".into()))?;
     let start = page_start(record, after);
-    let messages = app.reader.read_messages(record.id, start, limit)?;
+    let messages = app.reader.read_messages_settled(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
     let mut out = Vec::with_capacity(256 + messages.iter().map(|(_, m)| m.payload.len() + 96).sum::<usize>());
     out.extend_from_slice(b"{\"messages\":[");
