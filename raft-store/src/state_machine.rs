@@ -449,14 +449,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (db, meta_owned) = (self.db.clone(), meta.clone());
         let guard_files = self.snapshots.clone();
         let files = self.snapshots.clone();
-        // Until the tables and the topic map are whole again (below), readers of what an install
-        // clears are refused.
-        self.installs.fetch_add(1, Ordering::SeqCst);
+        let installs = self.installs.clone();
         // All of it off the runtime's threads: copying and checking a snapshot of gigabytes
         // takes seconds.
         let installed = files
             .blocking(move || {
                 snapshot::copy_checked(&mut source, &part)?;
+                // From here until the tables and the topic map are whole again (below), readers
+                // of what an install clears are refused; not while the received data is copied
+                // and checked, which changes nothing and may take seconds.
+                installs.fetch_add(1, Ordering::SeqCst);
                 // From the file's name to its install and the removal of older files, one
                 // critical section: a snapshot build finishing meanwhile (`set_current`) would
                 // otherwise see the received file as older than itself and remove it.
@@ -475,8 +477,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // under the feeds lock, as apply does.
         let mut watchers = feeds.lock();
         let loaded = installed.and_then(|()| self.load().map_err(read_err));
-        // A failed install stops the node (openraft takes a storage error as fatal).
-        self.installs.fetch_add(1, Ordering::SeqCst);
+        // Raised above unless the copy failed; installs never overlap (`&mut self`). A failed
+        // install stops the node (openraft takes a storage error as fatal).
+        if self.installs.load(Ordering::SeqCst) % 2 == 1 {
+            self.installs.fetch_add(1, Ordering::SeqCst);
+        }
         loaded?;
         Feeds::notify_all(&mut watchers, &self.topics.read().unwrap_or_else(|e| e.into_inner()));
         drop(watchers);

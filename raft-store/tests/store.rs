@@ -305,6 +305,7 @@ async fn a_malformed_received_snapshot_is_refused_and_changes_nothing() {
         assert!(names.is_empty(), "received data has no name: {names:?}");
         let refused = follower.state_machine.install_snapshot(&snapshot.meta, received).await;
         assert!(refused.is_err(), "a malformed snapshot was installed");
+        assert!(!follower.reader.installing(), "readers are not refused after a refused snapshot");
         assert_eq!(dump(&follower.reader), before);
         let left: Vec<_> = std::fs::read_dir(follower.state_machine.snapshot_dir()).unwrap().collect();
         assert!(left.is_empty(), "a refused snapshot leaves no file: {left:?}");

@@ -30,8 +30,13 @@ pub fn message(topic: &str, sequence: u64, message: &StoredMessage) -> String {
     out.extend_from_slice(b"{\"type\":\"message\",");
     message_fields(&mut out, topic, sequence, message);
     out.push(b'}');
-    // Every piece is valid UTF-8: JSON escapes and the payload, which was parsed as JSON.
-    String::from_utf8(out).unwrap_or_default()
+    // Every piece is valid UTF-8: JSON escapes and the payload, which was parsed as JSON. A
+    // stored payload that is not (a damaged disk RocksDB's checksums missed) still goes out,
+    // marked, and logged: an empty frame would be a message lost without a word.
+    String::from_utf8(out).unwrap_or_else(|e| {
+        tracing::error!(topic, sequence, "a stored message is not valid UTF-8; sending it with replacement characters");
+        String::from_utf8_lossy(e.as_bytes()).into_owned()
+    })
 }
 
 pub fn subscribed(topic: &str, cursor: u64, subscriber_id: &str) -> String {
