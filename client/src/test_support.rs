@@ -72,6 +72,19 @@ pub(crate) fn fast_client(seeds: &[&str]) -> crate::Client {
     }
 }
 
+/// A client that gives up fast on `node`: 200 ms per attempt, `attempts` of them.
+pub(crate) fn impatient_client(node: &str, attempts: u32) -> crate::Client {
+    match crate::Client::builder([node.to_string()])
+        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
+        .request_timeout(std::time::Duration::from_millis(200))
+        .attempts_max(attempts)
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("client: {e}"),
+    }
+}
+
 /// A `/cluster` body naming `leader` (or no leader).
 pub(crate) fn cluster_body(node: &str, leader: Option<&str>, peers: &[&str]) -> serde_json::Value {
     serde_json::json!({

@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::ApiError;
-use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve, serve_with};
+use crate::test_support::{
+    cluster_body, dead_address, error_response, fast_client, impatient_client, serve, serve_with,
+};
 
 /// Bodies received by a mock endpoint, in order.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -328,12 +330,7 @@ async fn a_node_that_never_answers_is_a_timeout() {
         )
     })
     .await;
-    let client = Client::builder([node])
-        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
-        .request_timeout(std::time::Duration::from_millis(200))
-        .attempts_max(2)
-        .build()
-        .unwrap();
+    let client = impatient_client(&node, 2);
     let started = std::time::Instant::now();
     let publish = client.publish("t", json!(1)).await;
     // Sent and never answered: it may be stored.
@@ -374,12 +371,7 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
         })
         .await
     };
-    let client = Client::builder([node])
-        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
-        .request_timeout(std::time::Duration::from_millis(200))
-        .attempts_max(4)
-        .build()
-        .unwrap();
+    let client = impatient_client(&node, 4);
     let publish = client.publish("t", json!(1)).await;
     match &publish {
         Err(e @ Error::Indeterminate { id: Some(id), source }) => {
@@ -401,12 +393,7 @@ async fn a_read_that_times_out_is_a_plain_timeout() {
         }),
     ))
     .await;
-    let client = Client::builder([node])
-        .backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(5))
-        .request_timeout(std::time::Duration::from_millis(200))
-        .attempts_max(2)
-        .build()
-        .unwrap();
+    let client = impatient_client(&node, 2);
     let page = client.read_messages("t", ReadOptions::after(0)).await;
     assert!(matches!(page, Err(Error::Timeout { attempts: 2, .. })), "{page:?}");
 }

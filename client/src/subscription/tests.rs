@@ -12,6 +12,14 @@ use serde_json::{json, Value};
 use super::*;
 use crate::test_support::{cluster_body, dead_address, error_response, fast_client, serve, serve_with};
 
+/// Subscribes `client` to topic `t` as `s` from the start.
+async fn subscribe_from_start(client: &crate::Client) -> Subscription {
+    match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
 // ----- the pure rules ---------------------------------------------------------------
 
 fn message(sequence: u64) -> ServerFrame {
@@ -310,10 +318,7 @@ async fn close_sends_the_latest_ack_even_while_the_application_queue_is_full() {
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_from_start(&client).await;
     all_sent.notified().await;
     // Every frame is in the socket's buffer; once the queue is full the task waits for room.
     while sub.events.len() < limits::SUBSCRIPTION_EVENTS_BUFFERED {
@@ -336,10 +341,7 @@ async fn an_unannounced_sequence_jump_is_reported_as_a_gap_error() {
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_from_start(&client).await;
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events), vec!["1", "gap 1->3", "3", "deleted"]);
 }
@@ -366,10 +368,7 @@ async fn expiry_and_leader_change_are_events_and_update_the_leader_cache() {
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_from_start(&client).await;
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events), vec!["expired->5", "5", "leader", "6", "deleted"]);
     assert_eq!(client.cached_leader(), Some("http://10.1.1.1:8080/".to_string()));
@@ -474,10 +473,7 @@ async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted()
     );
     let node = serve(app).await;
     let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_from_start(&client).await;
     assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
 }
 
@@ -492,10 +488,7 @@ async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error(
     })
     .await;
     let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_from_start(&client).await;
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
     assert_eq!(events.len(), 2, "{:?}", sequences(&events));
