@@ -838,6 +838,25 @@ mod tests {
         (dir, log)
     }
 
+    /// After a failed fsync the kernel may have dropped the dirty pages and cleared the error,
+    /// so a later fsync that succeeds proves nothing: every later write and sync is refused
+    /// with the first error, and what was written before stays readable. The failure is
+    /// injected where an fsync's error would arrive.
+    #[test]
+    fn a_failed_fsync_refuses_every_later_write_with_the_first_error() {
+        let (_dir, log) = log_with_a_spare();
+        log.append(1, framed(records(1..4, 10))).unwrap();
+        log.sync().unwrap();
+        let first = log.sync_failed(io::Error::other("injected: EIO"));
+        assert!(matches!(&first, StoreError::SyncFailed(m) if m.contains("injected: EIO")), "{first:?}");
+        log.sync_failed(io::Error::other("a later error"));
+        for refused in [log.append(4, framed(records(4..5, 10))), log.sync()] {
+            assert!(matches!(&refused, Err(StoreError::SyncFailed(m)) if m.contains("injected: EIO")), "{refused:?}");
+        }
+        assert_eq!(log.end_index(), Some(4), "nothing appended after the failure");
+        assert_eq!(log.read(1, 4, usize::MAX).unwrap(), records(1..4, 10));
+    }
+
     #[test]
     fn a_preallocated_segment_is_overwritten_in_place_and_reopens_cut_to_its_records() {
         let (dir, log) = log_with_a_spare();
