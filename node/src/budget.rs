@@ -30,6 +30,12 @@ impl ByteBudget {
         self.permits.clone().acquire_many_owned(weight).await.expect("a byte budget is never closed")
     }
 
+    /// [`ByteBudget::take`] if the bytes are free now (and no earlier take is waiting).
+    pub fn try_take(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let weight = bytes.clamp(1, self.max) as u32;
+        self.permits.clone().try_acquire_many_owned(weight).ok()
+    }
+
     /// Bytes taken and not yet given back.
     pub fn held(&self) -> usize {
         self.max - self.permits.available_permits()
@@ -103,6 +109,16 @@ mod tests {
         assert_eq!(all.num_permits(), 10);
         drop(all);
         assert_eq!(budget.take(0).await.num_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_try_take_never_waits() {
+        let budget = ByteBudget::new(10);
+        let seven = budget.try_take(7).expect("room for it");
+        assert!(budget.try_take(4).is_none());
+        assert_eq!(budget.try_take(3).map(|p| p.num_permits()), Some(3));
+        drop(seven);
+        assert_eq!(budget.try_take(1_000).map(|p| p.num_permits()), Some(10));
     }
 
     #[tokio::test]

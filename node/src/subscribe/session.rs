@@ -252,26 +252,30 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
         }
         if cursor < last {
             let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
-            // A page counts against the node's budget of pages read until it is sent: one
-            // from the cache too, whose frames the cache may drop while a slow reader still
-            // holds them. One from storage reserves its worst case before the read.
-            let wanted = if page.is_empty() { SUBSCRIBE_PAGE_BYTES_RESERVED } else { frame_bytes(&page) };
-            // Others' pages may take long to send to slow readers: keep pinging meanwhile,
-            // and keep this place in the queue.
-            let take = app.read_pages.take(wanted);
-            tokio::pin!(take);
-            let mut _reserved = loop {
-                tokio::select! {
-                    biased;
-                    reserved = &mut take => break reserved,
-                    _ = ping.tick() => out.keep_alive().await?,
-                    () = &mut client_gone => return Ok(End::Gone),
-                    () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
-                }
-            };
+            // A page counts against the node's budget of pages read until it is sent. One from
+            // the cache counts when there is room, and never waits for it: its frames are
+            // shared with the cache, which has a bound of its own, and a live subscriber must
+            // not wait behind others' slow readers. What it holds beyond the cache (frames
+            // dropped while it sends them) is one page, at most 1 MiB and a message.
+            let mut _reserved = if page.is_empty() { None } else { app.read_pages.try_take(frame_bytes(&page)) };
             if page.is_empty() {
+                // One from storage reserves its worst case before the read. Others' pages may
+                // take long to send to slow readers: keep pinging meanwhile, and keep this
+                // place in the queue.
+                let take = app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED);
+                tokio::pin!(take);
+                let mut reserved = loop {
+                    tokio::select! {
+                        biased;
+                        reserved = &mut take => break reserved,
+                        _ = ping.tick() => out.keep_alive().await?,
+                        () = &mut client_gone => return Ok(End::Gone),
+                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
+                    }
+                };
                 page = read_page(app, s, cursor)?;
-                ByteBudget::shrink(&mut _reserved, frame_bytes(&page));
+                ByteBudget::shrink(&mut reserved, frame_bytes(&page));
+                _reserved = Some(reserved);
             }
             if deliver_page(app, out, s, &mut cursor, last, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
