@@ -563,9 +563,7 @@ fn connections_that_send_no_request_in_time_are_closed() {
     let mut sim = new_sim(7);
     add_nodes(&mut sim, 1, dir.path());
     sim.client("slow", async move {
-        while request(&host(0), "GET", "/ready", None).await.map(|(status, _)| status) != Ok(200) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_ready().await;
         let mut half = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
         half.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n").await?;
         let mut idle = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
@@ -653,11 +651,16 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     }
 }
 
-/// Waits until the single node of a simulation is ready, then creates `topic` on it.
-async fn ready_with_topic(topic: &str) {
+/// Waits until the single node of a simulation is ready.
+async fn wait_ready() {
     while request(&host(0), "GET", "/ready", None).await.map(|(status, _)| status) != Ok(200) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the single node of a simulation is ready, then creates `topic` on it.
+async fn ready_with_topic(topic: &str) {
+    wait_ready().await;
     let created = request(&host(0), "POST", &format!("/topics/{topic}"), None).await.map(|(status, _)| status);
     assert_eq!(created, Ok(201));
 }

@@ -25,7 +25,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-
 use tower::ServiceExt;
 
 use crate::limits::HEADER_READ_TIMEOUT;

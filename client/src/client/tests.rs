@@ -48,6 +48,12 @@ async fn leader_node(seen: Seen, answer: impl Fn(usize, &Value) -> Response + Cl
     .await
 }
 
+/// A handler that never answers within a test's life.
+async fn never_answers() -> &'static str {
+    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    "never"
+}
+
 fn published(body: &Value, sequence: u64) -> Response {
     (
         axum::http::StatusCode::CREATED,
@@ -321,13 +327,9 @@ async fn an_answer_cut_off_after_the_request_counts_as_maybe_applied() {
 async fn a_node_that_never_answers_is_a_timeout() {
     let node = serve_with(|me| {
         let cluster = cluster_body("node-1", Some(&me), &[&me]);
-        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
-            "/topics/{name}/messages",
-            post(|| async {
-                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-                "never"
-            }),
-        )
+        Router::new()
+            .route("/cluster", get(move || async move { Json(cluster) }))
+            .route("/topics/{name}/messages", post(never_answers))
     })
     .await;
     let client = impatient_client(&node, 2);
@@ -385,14 +387,7 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
 /// A read changes nothing: one whose answers never came is a timeout, not an outcome unknown.
 #[tokio::test]
 async fn a_read_that_times_out_is_a_plain_timeout() {
-    let node = serve(Router::new().route(
-        "/topics/{name}/messages",
-        get(|| async {
-            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-            "never"
-        }),
-    ))
-    .await;
+    let node = serve(Router::new().route("/topics/{name}/messages", get(never_answers))).await;
     let client = impatient_client(&node, 2);
     let page = client.read_messages("t", ReadOptions::after(0)).await;
     assert!(matches!(page, Err(Error::Timeout { attempts: 2, .. })), "{page:?}");
@@ -424,16 +419,7 @@ async fn a_long_poll_as_long_as_the_operation_budget_gets_its_answer() {
 async fn finding_the_leader_among_silent_nodes_keeps_to_the_operation_timeout() {
     let mut nodes = Vec::new();
     for _ in 0..3 {
-        nodes.push(
-            serve(Router::new().route(
-                "/cluster",
-                get(|| async {
-                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-                    "never"
-                }),
-            ))
-            .await,
-        );
+        nodes.push(serve(Router::new().route("/cluster", get(never_answers))).await);
     }
     let client = Client::builder(nodes)
         .request_timeout(std::time::Duration::from_secs(2))

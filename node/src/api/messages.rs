@@ -67,7 +67,7 @@ pub async fn read(
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
         // A long poll waits out a snapshot install (it signals when done): storage may lack
         // the messages meanwhile, and the page would be refused.
-        let settled = !app.reader.installing() || wait_ms == 0;
+        let settled = !app.reader.installing();
         if (record.current_sequence > page_start(&record, after) && settled) || wait_ms == 0 {
             return page(&app, client, &record, after, limit).await;
         }
