@@ -1,6 +1,6 @@
 //! Faults against real 3-node clusters: leader kill -9 under load, restarts of one node and
 //! of the whole cluster (also right after every node purged its log), catch-up by snapshot,
-//! subscriptions across a leader change, and a clean SIGTERM.
+//! subscriptions across a leader change, a clean SIGTERM, and a stopping leader's hand-over.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -251,6 +251,47 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     }
     assert_eq!(sequences, (1..=20).collect::<Vec<u64>>(), "no gap, no duplicate, in order");
     assert!(saw_leader_change, "a leader_change frame was sent");
+}
+
+/// A leader stopped with SIGTERM hands its leadership to an up-to-date follower
+/// (node/src/raft/handover.rs). The followers here would wait at least 5 s without a heartbeat
+/// before standing (their lease and election timeout), so a leader elected sooner was handed
+/// over to; publishing goes on and no acknowledged publish is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() {
+    const ELECTION_TIMEOUT: Duration = Duration::from_secs(5);
+    let options = Options { election_timeout_ms: ELECTION_TIMEOUT.as_millis() as u64, ..Options::default() };
+    let mut c = Cluster::start(options).await;
+    create_topic(&c, "t").await;
+    let (acked, stop, tasks) = spawn_load(&c, "t", 2);
+    wait_acks(&acked, 50).await;
+
+    let old = c.wait_leader(CONVERGE).await;
+    let term = |info: Value| info["raft_term"].as_u64().expect("raft_term");
+    let old_term = term(c.cluster_info(old).await.expect("cluster info"));
+    let stopped_at = std::time::Instant::now();
+    let (c, code) = tokio::task::spawn_blocking(move || {
+        let code = c.terminate(old);
+        (c, code)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0));
+    let new = c.wait_leader(CONVERGE).await;
+    let handed_over = stopped_at.elapsed();
+    eprintln!("new leader {handed_over:?} after the SIGTERM");
+    assert_ne!(new, old);
+    assert!(term(c.cluster_info(new).await.expect("cluster info")) > old_term);
+    assert!(handed_over < ELECTION_TIMEOUT, "a new leader only after {handed_over:?}: no hand-over");
+
+    let before = acked.lock().unwrap().len();
+    wait_acks(&acked, before + 50).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert_converged(&c, "t", &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

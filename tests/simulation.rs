@@ -3,7 +3,8 @@
 //!
 //! Every node runs the production server code (`pubsub_node::run`) over turmoil's sockets
 //! and clock. A seeded RNG drives the faults: partitions (symmetric, one-way, isolating the
-//! leader), crashes with restarts from the same data dir, message delay and clock jumps.
+//! leader), crashes with restarts from the same data dir, clean stops of the leader (which hands
+//! over), message delay and clock jumps.
 //! Clients publish with retries that keep the id, and subscribe with reconnects that resume
 //! from their last sequence. After the faults stop and the network heals, every node's log and
 //! every client observation go through `History::check`.
@@ -179,15 +180,22 @@ fn new_sim_with_tcp_capacity(seed: u64, segments: usize) -> turmoil::Sim<'static
         .build()
 }
 
-/// Adds `nodes` hosts running the real node (restarted in place after a crash); returns each
-/// node's clock offset, which the fault injector may jump.
-fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Path) -> Vec<Arc<AtomicI64>> {
+/// The fault injector's handles on the nodes: each one's clock offset, which it may jump, and
+/// its stop signal (a SIGTERM: the node shuts down cleanly and stays down until bounced).
+struct NodeHandles {
+    offsets: Vec<Arc<AtomicI64>>,
+    stops: Vec<Arc<tokio::sync::Notify>>,
+}
+
+/// Adds `nodes` hosts running the real node (restarted in place after a crash).
+fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Path) -> NodeHandles {
     let offsets: Vec<Arc<AtomicI64>> = (0..nodes).map(|_| Arc::new(AtomicI64::new(0))).collect();
+    let stops: Vec<_> = (0..nodes).map(|_| Arc::new(tokio::sync::Notify::new())).collect();
     for (i, offset) in offsets.iter().enumerate() {
         let config = node_config(i, nodes, dir);
-        let offset = offset.clone();
+        let (offset, stop) = (offset.clone(), stops[i].clone());
         sim.host(host(i), move || {
-            let config = config.clone();
+            let (config, stop) = (config.clone(), stop.clone());
             let env = Env {
                 dialer: Arc::new(SimDialer),
                 clock: Arc::new(SimClock { offset_ms: offset.clone() }),
@@ -196,28 +204,31 @@ fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Pat
             async move {
                 loop {
                     let listener = turmoil::net::TcpListener::bind("0.0.0.0:8080").await?;
-                    match pubsub_node::run(config.clone(), SimListener(listener), env.clone(), std::future::pending())
-                        .await
-                    {
+                    let stopped = {
+                        let stop = stop.clone();
+                        async move { stop.notified().await }
+                    };
+                    match pubsub_node::run(config.clone(), SimListener(listener), env.clone(), stopped).await {
                         // A crashed incarnation may still hold the RocksDB lock for a moment.
                         Err(pubsub_node::NodeError::DataDir { .. }) => {
                             tokio::time::sleep(Duration::from_millis(50)).await
                         }
                         Err(e) => return Err(e.to_string().into()),
-                        Ok(()) => return Ok(()),
+                        // Stopped: down until the fault injector bounces the host.
+                        Ok(()) => std::future::pending::<()>().await,
                     }
                 }
             }
         });
     }
-    offsets
+    NodeHandles { offsets, stops }
 }
 
 /// Runs one seeded scenario and returns what the clients observed.
 fn run(s: &Scenario) -> Result<History, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut sim = new_sim(s.seed);
-    let offsets = add_nodes(&mut sim, s.nodes, dir.path());
+    let NodeHandles { offsets, stops } = add_nodes(&mut sim, s.nodes, dir.path());
 
     let history = Arc::new(Mutex::new(History::default()));
     let runs = Arc::new(Mutex::new(Vec::new()));
@@ -317,6 +328,16 @@ fn run(s: &Scenario) -> Result<History, String> {
                 let until = now + Duration::from_millis(rng.gen_range(500..3000));
                 trace.push(format!("{now:?} crash {} until {until:?}", host(victim)));
                 down.push((victim, until));
+            }
+            // A clean stop, of the node the publishers last found leading: it hands over.
+            6..=9 if down.len() < minority && cut.is_none() => {
+                let leader = *leader_hint.lock().unwrap();
+                if !down.iter().any(|(i, _)| *i == leader) {
+                    stops[leader].notify_one();
+                    let until = now + Duration::from_millis(rng.gen_range(500..3000));
+                    trace.push(format!("{now:?} stop {} until {until:?}", host(leader)));
+                    down.push((leader, until));
+                }
             }
             10..=21 if cut.is_none() && down.is_empty() => {
                 for j in (0..s.nodes).filter(|&j| j != victim) {

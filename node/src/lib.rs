@@ -165,8 +165,14 @@ where
         tracing::warn!("the last acks were not recorded within {:?}", limits::SHUTDOWN_ACK_FLUSH_TIMEOUT);
     }
 
+    // A leader hands over once its Raft has stopped (so no heartbeat of its own renews its
+    // lease behind the hand-over), to a voter that held its whole log while it still ran.
+    let handover = raft::handover::prepare(&raft, config.id).await;
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not stop cleanly");
+    }
+    if let Some(handover) = handover {
+        handover.run(&app.peers).await;
     }
     let subscriptions = app.subscriptions.load(Ordering::Relaxed);
     drop((app, raft));

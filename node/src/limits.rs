@@ -201,6 +201,11 @@ pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 pub const SHUTDOWN_SUBSCRIPTIONS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a stopping node tries to record the acks of its last flush interval.
 pub const SHUTDOWN_ACK_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a stopping leader waits for a voter to hold its whole log before it hands its
+/// leadership over (raft/handover.rs). Past it, it hands over to the voter furthest along.
+pub const HANDOVER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a stopping leader waits for each voter to take its hand-over.
+pub const HANDOVER_RPC_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// (topic, subscriber) acks held between flushes: one per subscription the node may serve,
 /// so an ack is dropped only when acks of ended subscriptions pile up behind a long outage.

@@ -1,11 +1,12 @@
 //! The inter-node RPC messages: the seed's `request_vote`, `append_entries` and
 //! `install_snapshot` (as openraft's own types), plus `forward` for writes a follower hands
-//! to the leader and `pre_vote`, a vote request that changes nothing. Each travels as one
-//! binary WebSocket message: a bincode [`Frame`].
+//! to the leader, `pre_vote`, a vote request that changes nothing, and `step_down`, a
+//! stopping leader's hand-over. Each travels as one binary WebSocket message: a bincode
+//! [`Frame`].
 
 use raft_store::typ::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
-    RaftError, VoteRequest, VoteResponse,
+    RaftError, Vote, VoteRequest, VoteResponse,
 };
 use raft_store::{NodeId, Request, Response};
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,13 @@ pub enum RpcRequest {
         target: NodeId,
         req: VoteRequest,
     },
+    /// The leader whose vote is `vote` is stopping and hands over (`handover.rs`): the target
+    /// stops waiting out its lease, and with `elect` stands for election at once. Added last.
+    StepDown {
+        target: NodeId,
+        vote: Vote,
+        elect: bool,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -60,6 +68,9 @@ pub enum RpcResponse {
     /// The receiver could not read the request (a message of a newer build, during a rolling
     /// upgrade): only that request fails, not the connection. Added last.
     Undecodable,
+    /// A `StepDown` was passed to the target's Raft (which ignores it if it follows another
+    /// leader by now). Added last.
+    SteppedDown,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

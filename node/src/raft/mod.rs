@@ -5,8 +5,10 @@
 //!   connections.
 //! - [`server`]: the `GET /raft` handler that feeds incoming RPCs to the local Raft.
 //! - [`config`]: openraft's configuration from the node's flags.
+//! - [`handover`]: a stopping leader hands its leadership to an up-to-date voter.
 
 pub mod codec;
 pub mod config;
+pub mod handover;
 pub mod network;
 pub mod server;

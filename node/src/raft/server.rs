@@ -122,6 +122,7 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
         | RpcRequest::PreVote { target, .. }
         | RpcRequest::AppendEntries { target, .. }
         | RpcRequest::InstallSnapshot { target, .. }
+        | RpcRequest::StepDown { target, .. }
             if target != me =>
         {
             RpcResponse::WrongNode { actual: me }
@@ -131,6 +132,13 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
         RpcRequest::AppendEntries { req, .. } => RpcResponse::AppendEntries(app.raft.append_entries(req).await),
         RpcRequest::InstallSnapshot { req, .. } => RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await),
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
+        RpcRequest::StepDown { vote, elect, .. } => {
+            // A Raft that has stopped has nothing to hand over to; the leader goes on without it.
+            if let Err(e) = app.raft.trigger().leader_stepped_down(vote, elect).await {
+                tracing::warn!(error = %e, "cannot take over from a stopping leader");
+            }
+            RpcResponse::SteppedDown
+        }
     }
 }
 

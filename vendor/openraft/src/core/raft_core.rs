@@ -1294,6 +1294,19 @@ where
                             // Node is switched to learner.
                         }
                     }
+                    ExternalCommand::LeaderSteppedDown { vote, elect } => {
+                        // PATCHED (pubsub-raft): see `Engine::lease_released`.
+                        let follows = vote.is_committed() && self.engine.state.vote_ref() == &vote;
+                        if !follows || self.engine.leader.is_some() {
+                            tracing::info!(%vote, "a leader this node does not follow stepped down; ignored");
+                        } else {
+                            tracing::info!(%vote, elect, "the leader stepped down and hands over");
+                            self.engine.lease_released = Some(vote);
+                            if elect && self.engine.state.membership_state.effective().is_voter(&self.id) {
+                                self.engine.elect();
+                            }
+                        }
+                    }
                     ExternalCommand::Heartbeat => {
                         self.send_heartbeat("ExternalCommand");
                     }

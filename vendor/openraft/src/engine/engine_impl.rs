@@ -92,6 +92,12 @@ where C: RaftTypeConfig
     /// PATCHED (pubsub-raft): the pre-vote round in progress, if any.
     pub(crate) pre_vote: Option<PreVoteRound<C>>,
 
+    /// PATCHED (pubsub-raft): the vote of a leader that said it stopped and handed over
+    /// (`ExternalCommand::LeaderSteppedDown`). While this node's vote is still that one, its
+    /// lease is not waited out: the leader sends nothing more, so the vote of its successor is
+    /// granted at once instead of an election timeout later.
+    pub(crate) lease_released: Option<Vote<C::NodeId>>,
+
     /// PATCHED (pubsub-raft): pre-vote rounds started so far (each round's id).
     pub(crate) pre_vote_rounds: u64,
 
@@ -123,6 +129,7 @@ where C: RaftTypeConfig
             greatest_refused_term: 0,
             pre_vote: None,
             pre_vote_rounds: 0,
+            lease_released: None,
             leader: None,
             candidate: None,
             output: EngineOutput::new(4096),
@@ -342,6 +349,7 @@ where C: RaftTypeConfig
         let lease = self.config.timer_config.leader_lease;
         let vote = self.state.vote_ref();
         let hears_leader = vote.is_committed()
+            && self.lease_released.as_ref() != Some(vote)
             && self.state.vote_last_modified().is_some_and(|utime| now <= utime + lease);
         let log_ok = req.last_log_id.as_ref() >= self.state.last_log_id();
         let granted = self.leader.is_none() && !hears_leader && log_ok;
@@ -416,7 +424,8 @@ where C: RaftTypeConfig
         // this node's vote to its term anyway.
         self.greatest_refused_term = self.greatest_refused_term.max(req.vote.leader_id().term);
 
-        if vote.is_committed() {
+        // PATCHED (pubsub-raft): no lease to wait out once its leader handed over.
+        if vote.is_committed() && self.lease_released.as_ref() != Some(vote) {
             // Current leader lease has not yet expired, reject voting request
             if now <= vote_utime + lease {
                 tracing::info!(

@@ -46,6 +46,18 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::Elect, "trigger_elect").await
     }
 
+    /// PATCHED (pubsub-raft): the leader whose vote is `vote` has stopped and hands its
+    /// leadership over. If this node still follows that vote, it grants votes without waiting
+    /// out that leader's lease, and with `elect` it stands for election at once. Ignored when
+    /// this node follows another vote by now, or leads.
+    ///
+    /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.
+    pub async fn leader_stepped_down(&self, vote: crate::Vote<C::NodeId>, elect: bool) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner
+            .send_external_command(ExternalCommand::LeaderSteppedDown { vote, elect }, "leader_stepped_down")
+            .await
+    }
+
     /// Trigger a heartbeat at once and return at once.
     ///
     /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.

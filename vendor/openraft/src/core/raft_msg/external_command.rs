@@ -31,6 +31,12 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     ///
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     PurgeLog { upto: u64 },
+
+    /// PATCHED (pubsub-raft): the leader whose vote is `vote` has stopped and hands over. If
+    /// this node still follows that vote it stops waiting out the leader's lease before it
+    /// grants a vote, and with `elect` it stands at once (without a pre-vote, which the
+    /// other followers could still refuse on the lease).
+    LeaderSteppedDown { vote: crate::Vote<C::NodeId>, elect: bool },
 }
 
 impl<C> fmt::Debug for ExternalCommand<C>
@@ -60,6 +66,9 @@ where C: RaftTypeConfig
             }
             ExternalCommand::PurgeLog { upto } => {
                 write!(f, "PurgeLog[..={}]", upto)
+            }
+            ExternalCommand::LeaderSteppedDown { vote, elect } => {
+                write!(f, "LeaderSteppedDown[{}, elect: {}]", vote, elect)
             }
         }
     }
