@@ -23,10 +23,32 @@ async fn create_topic(c: &Cluster, topic: &str) {
     assert!(r.status == 201 || r.status == 200, "{r:?}");
 }
 
-/// A running publish load: the acked map (id → sequence), its stop flag and its tasks.
-type Load = (Arc<Mutex<HashMap<String, u64>>>, Arc<std::sync::atomic::AtomicBool>, Vec<tokio::task::JoinHandle<()>>);
+/// A running publish load.
+struct Load {
+    /// Every acknowledged publish: id → sequence.
+    acked: Arc<Mutex<HashMap<String, u64>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
 
-/// Runs `publishers` tasks publishing unique ids until `stop` is set; returns the acked map.
+impl Load {
+    /// Publishes acknowledged so far.
+    fn acked_count(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    /// Stops publishing and returns every acknowledged publish.
+    async fn finish(self) -> HashMap<String, u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let acked = self.acked.lock().unwrap().clone();
+        acked
+    }
+}
+
+/// Runs `publishers` tasks publishing unique ids until the load is finished.
 fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -45,7 +67,12 @@ fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
             })
         })
         .collect();
-    (acked, stop, tasks)
+    Load { acked, stop, tasks }
+}
+
+/// The Raft term node `i` reports.
+async fn raft_term(c: &Cluster, i: usize) -> u64 {
+    c.cluster_info(i).await.expect("cluster info")["raft_term"].as_u64().expect("raft_term")
 }
 
 async fn wait_acks(acked: &Arc<Mutex<HashMap<String, u64>>>, at_least: usize) {
@@ -59,8 +86,8 @@ async fn wait_acks(acked: &Arc<Mutex<HashMap<String, u64>>>, at_least: usize) {
 async fn leader_kill_loses_no_acked_publish() {
     let mut c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
-    let (acked, stop, tasks) = spawn_load(&c, "t", 4);
-    wait_acks(&acked, 50).await;
+    let load = spawn_load(&c, "t", 4);
+    wait_acks(&load.acked, 50).await;
 
     let old = c.wait_leader(CONVERGE).await;
     c.kill(old);
@@ -77,16 +104,12 @@ async fn leader_kill_loses_no_acked_publish() {
     let election = killed_at.elapsed();
     eprintln!("new leader {election:?} after the kill");
     assert!(election < ELECTION_AFTER_LEADER_KILL_MAX, "new leader took {election:?}");
-    let before = acked.lock().unwrap().len();
-    wait_acks(&acked, before + 50).await;
+    let before = load.acked_count();
+    wait_acks(&load.acked, before + 50).await;
 
     c.restart(old);
-    wait_acks(&acked, before + 100).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let acked = acked.lock().unwrap().clone();
+    wait_acks(&load.acked, before + 100).await;
+    let acked = load.finish().await;
     assert_converged(&c, "t", &acked).await;
 }
 
@@ -102,12 +125,11 @@ async fn a_leader_restarted_at_once_does_not_lead_again_in_its_old_term() {
     let mut c = Cluster::start(options).await;
     create_topic(&c, "t").await;
     let old = c.wait_leader(CONVERGE).await;
-    let term = |info: Value| info["raft_term"].as_u64().expect("raft_term");
-    let old_term = term(c.cluster_info(old).await.expect("cluster info"));
+    let old_term = raft_term(&c, old).await;
     c.kill(old);
     c.restart(old);
     let new = c.wait_leader(CONVERGE).await;
-    let new_term = term(c.cluster_info(new).await.expect("cluster info"));
+    let new_term = raft_term(&c, new).await;
     assert!(new_term > old_term, "node {} leads in term {new_term}, the term it led before the kill", new + 1);
     let seq = publish_retrying(&c.urls(), "t", "after", &json!(1), CONVERGE).await.expect("acked");
     assert_eq!(seq, 1);
@@ -263,12 +285,11 @@ async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() 
     let options = Options { election_timeout_ms: ELECTION_TIMEOUT.as_millis() as u64, ..Options::default() };
     let mut c = Cluster::start(options).await;
     create_topic(&c, "t").await;
-    let (acked, stop, tasks) = spawn_load(&c, "t", 2);
-    wait_acks(&acked, 50).await;
+    let load = spawn_load(&c, "t", 2);
+    wait_acks(&load.acked, 50).await;
 
     let old = c.wait_leader(CONVERGE).await;
-    let term = |info: Value| info["raft_term"].as_u64().expect("raft_term");
-    let old_term = term(c.cluster_info(old).await.expect("cluster info"));
+    let old_term = raft_term(&c, old).await;
     let stopped_at = std::time::Instant::now();
     let (c, code) = tokio::task::spawn_blocking(move || {
         let code = c.terminate(old);
@@ -281,16 +302,12 @@ async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() 
     let handed_over = stopped_at.elapsed();
     eprintln!("new leader {handed_over:?} after the SIGTERM");
     assert_ne!(new, old);
-    assert!(term(c.cluster_info(new).await.expect("cluster info")) > old_term);
+    assert!(raft_term(&c, new).await > old_term);
     assert!(handed_over < ELECTION_TIMEOUT, "a new leader only after {handed_over:?}: no hand-over");
 
-    let before = acked.lock().unwrap().len();
-    wait_acks(&acked, before + 50).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let acked = acked.lock().unwrap().clone();
+    let before = load.acked_count();
+    wait_acks(&load.acked, before + 50).await;
+    let acked = load.finish().await;
     assert_converged(&c, "t", &acked).await;
 }
 

@@ -252,13 +252,8 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
         }
         if cursor < last {
             let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
-            // A page counts against the node's budget of pages read until it is sent. One from
-            // the cache counts when there is room, and never waits for it: its frames are
-            // shared with the cache, which has a bound of its own, and a live subscriber must
-            // not wait behind others' slow readers. What it holds beyond the cache (frames
-            // dropped while it sends them) is one page, at most 1 MiB and a message.
-            let mut _reserved = if page.is_empty() { None } else { app.read_pages.try_take(frame_bytes(&page)) };
-            if page.is_empty() {
+            // A page counts against the node's budget of pages read until it is sent.
+            let _reserved = if page.is_empty() {
                 // One from storage reserves its worst case before the read. Others' pages may
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
@@ -275,8 +270,15 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
                 };
                 page = read_page(app, s, cursor)?;
                 ByteBudget::shrink(&mut reserved, frame_bytes(&page));
-                _reserved = Some(reserved);
-            }
+                Some(reserved)
+            } else {
+                // One from the cache counts when there is room, and never waits for it: its
+                // frames are shared with the cache, which has a bound of its own, and a live
+                // subscriber must not wait behind others' slow readers. What it holds beyond
+                // the cache (frames dropped while it sends them) is one page, at most 1 MiB and
+                // a message.
+                app.read_pages.try_take(frame_bytes(&page))
+            };
             if deliver_page(app, out, s, &mut cursor, last, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
                 // on this path too, or a client that only answers pings (a browser) is never
