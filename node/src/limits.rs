@@ -216,8 +216,11 @@ pub use raft_store::limits::ACKS_PER_COMMAND_MAX;
 /// How often the leader proposes a `Tick` so `retention_hours` trims quiet topics.
 pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Subscribers listed by `GET /topics/:name/subscribers`.
-pub const SUBSCRIBERS_LIST_MAX: usize = 10_000;
+/// Subscribers listed by `GET /topics/:name/subscribers`: every recorded cursor of a topic.
+pub const SUBSCRIBERS_LIST_MAX: usize = raft_store::limits::CURSORS_PER_TOPIC_MAX as usize;
+
+/// Acks refused for a topic's bound on recorded cursors are logged at most this often.
+pub const ACKS_REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Largest Raft RPC message the transport accepts; a single entry is at most
 /// `BATCH_BODY_BYTES_MAX` plus overhead.

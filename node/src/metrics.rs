@@ -68,6 +68,8 @@ pub struct Metrics {
     pub leader_changes: Counter,
     pub subscribers: Gauge,
     pub delivered: Counter,
+    /// Subscriber acks not recorded because their topic holds its most recorded cursors.
+    pub acks_refused: Counter,
     raft_term: Gauge<u64, AtomicU64>,
     commit_index: Gauge<u64, AtomicU64>,
     last_applied: Gauge<u64, AtomicU64>,
@@ -113,6 +115,12 @@ impl Default for Metrics {
         registry.register("subscribers", "Open WebSocket subscriptions on this node", subscribers.clone());
         let delivered = Counter::default();
         registry.register("delivered_messages", "Message frames sent to subscribers", delivered.clone());
+        let acks_refused = Counter::default();
+        registry.register(
+            "acks_refused",
+            "Subscriber acks not recorded: their topic holds the most recorded cursors it may",
+            acks_refused.clone(),
+        );
         let raft_term = Gauge::<u64, AtomicU64>::default();
         registry.register("raft_term", "Current Raft term", raft_term.clone());
         let commit_index = Gauge::<u64, AtomicU64>::default();
@@ -183,6 +191,7 @@ impl Default for Metrics {
             leader_changes,
             subscribers,
             delivered,
+            acks_refused,
             raft_term,
             commit_index,
             last_applied,

@@ -43,6 +43,11 @@ pub enum Request {
     /// /topics/:name/subscribers/:id`): cursors are otherwise kept for good, one per
     /// subscriber id that ever acked. Declared last, for the same reason.
     ForgetCursor { topic: String, subscriber_id: String },
+    /// `Ack` that records a cursor for a new subscriber only while its topic holds fewer than
+    /// [`crate::limits::CURSORS_PER_TOPIC_MAX`]. A new variant rather than a new rule for
+    /// `Ack`: every replica must apply an entry as it was first applied, and `Ack` entries
+    /// already in logs were applied without the bound. Declared last, for the same reason.
+    AckBounded { acks: Vec<AckRecord> },
 }
 
 impl Request {
@@ -62,7 +67,9 @@ impl Request {
                 topic.len() + messages.iter().map(|m| m.payload.len() + m.id.len() + 16).sum::<usize>()
             }
             Request::CreateTopic { topic, metadata, .. } => topic.len() + metadata.as_ref().map_or(0, String::len),
-            Request::Ack { acks } => acks.iter().map(|a| a.topic.len() + a.subscriber_id.len() + 8).sum(),
+            Request::Ack { acks } | Request::AckBounded { acks } => {
+                acks.iter().map(|a| a.topic.len() + a.subscriber_id.len() + 8).sum()
+            }
             Request::Batch(requests) => requests.iter().map(Request::approx_bytes).sum(),
             Request::DeleteTopic { topic } => topic.len(),
             Request::ForgetCursor { topic, subscriber_id } => topic.len() + subscriber_id.len(),
@@ -126,6 +133,11 @@ pub enum Response {
     TopicLimitReached,
     /// A subscriber's cursor was forgotten (or none was recorded). Added last, as above.
     CursorForgotten,
+    /// An `AckBounded` recorded every ack but these: each is a new subscriber of a topic that
+    /// already holds [`crate::limits::CURSORS_PER_TOPIC_MAX`] recorded cursors. Added last.
+    AcksRefused {
+        refused: Vec<AckRecord>,
+    },
 }
 
 /// What happened to one published message.
@@ -187,5 +199,6 @@ mod tests {
         assert_eq!(position(&publish(true)), 6);
         let forget = Request::ForgetCursor { topic: "t".into(), subscriber_id: "s".into() };
         assert_eq!(position(&forget), 7);
+        assert_eq!(position(&Request::AckBounded { acks: vec![] }), 8);
     }
 }

@@ -55,6 +55,12 @@ pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;
 /// Acknowledgements carried in one `Ack` command (one per topic and subscriber).
 pub const ACKS_PER_COMMAND_MAX: usize = 10_000;
 
+/// Recorded subscriber cursors one topic may hold (one per subscriber id that acked and was
+/// not forgotten). Each costs a RocksDB record on every node and a line in every listing of
+/// the topic's subscribers, so clients that make up a new id per run cannot grow them
+/// without end; the same number as the listing's cap, so a listing is always whole.
+pub const CURSORS_PER_TOPIC_MAX: u64 = 10_000;
+
 /// Bytes after which the Raft log starts a new segment file. The log is purged a whole
 /// segment at a time, so this is also how much purged log may stay on disk; and it is the
 /// size of a preallocated spare segment (segments.rs), of which up to two may wait.

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
-use crate::limits::{TICK_ROTATION_MS, TOPICS_MAX, TRIM_PER_COMMAND_MAX};
+use crate::limits::{CURSORS_PER_TOPIC_MAX, TICK_ROTATION_MS, TOPICS_MAX, TRIM_PER_COMMAND_MAX};
 use crate::reader::StoredMessage;
 use crate::StoreError;
 
@@ -35,6 +35,7 @@ pub trait SmStore {
     fn message_meta(&self, topic_id: u64, sequence: u64) -> Result<Option<MessageMeta>, StoreError>;
     /// Deletes messages `[from, to)`.
     fn messages_delete(&mut self, topic_id: u64, from: u64, to: u64);
+    fn cursor_get(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError>;
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64);
     fn cursor_delete(&mut self, topic_id: u64, subscriber_id: &str);
 }
@@ -48,6 +49,9 @@ pub struct Topics {
     /// each with its `current_sequence` at the deletion (in memory only): a deletion and a
     /// revival applied together would otherwise leave no trace for live subscribers.
     pub deletions: Vec<(String, u64)>,
+    /// Recorded cursors per topic id (in memory only: counted from the cursors when the state
+    /// is loaded, then kept by the rules), for [`CURSORS_PER_TOPIC_MAX`].
+    pub cursor_counts: HashMap<u64, u64>,
 }
 
 /// Applies one command. Returns the response and the names of the topics it changed (their
@@ -81,8 +85,9 @@ fn apply_command(
         Request::PublishGeneratedIds { topic, messages, now_ms } => {
             publish(topics, store, topic, messages, *now_ms, Ids::Generated, trim_budget)
         }
-        Request::Ack { acks } => Ok(ack(topics, store, acks)),
-        Request::ForgetCursor { topic, subscriber_id } => Ok(forget_cursor(topics, store, topic, subscriber_id)),
+        Request::Ack { acks } => ack(topics, store, acks, CursorBound::None),
+        Request::AckBounded { acks } => ack(topics, store, acks, CursorBound::PerTopic),
+        Request::ForgetCursor { topic, subscriber_id } => forget_cursor(topics, store, topic, subscriber_id),
         Request::Tick { now_ms } => tick(topics, store, *now_ms, trim_budget),
         Request::Batch(requests) => {
             let mut responses = Vec::with_capacity(requests.len());
@@ -220,30 +225,56 @@ fn publish(
     Ok((Response::Published { results }, vec![name.to_string()]))
 }
 
-fn ack(topics: &Topics, store: &mut impl SmStore, acks: &[AckRecord]) -> (Response, Vec<String>) {
+/// Whether an ack command bounds the cursors a topic may hold (see [`Request::AckBounded`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CursorBound {
+    None,
+    PerTopic,
+}
+
+fn ack(
+    topics: &mut Topics,
+    store: &mut impl SmStore,
+    acks: &[AckRecord],
+    bound: CursorBound,
+) -> Result<(Response, Vec<String>), StoreError> {
+    let mut refused = Vec::new();
     for a in acks {
         // An ack for a deleted or unknown topic, or past the end, is ignored: acks are
         // advisory and must never fail a coalesced batch of others.
-        if let Some(record) = topics.by_name.get(&a.topic).filter(|r| !r.deleted) {
-            store.cursor_put(record.id, &a.subscriber_id, a.sequence.min(record.current_sequence));
+        let Some(record) = topics.by_name.get(&a.topic).filter(|r| !r.deleted) else {
+            continue;
+        };
+        if store.cursor_get(record.id, &a.subscriber_id)?.is_none() {
+            let count = topics.cursor_counts.entry(record.id).or_insert(0);
+            if bound == CursorBound::PerTopic && *count >= CURSORS_PER_TOPIC_MAX {
+                refused.push(a.clone());
+                continue;
+            }
+            *count += 1;
         }
+        store.cursor_put(record.id, &a.subscriber_id, a.sequence.min(record.current_sequence));
     }
-    (Response::Acked, vec![])
+    let response = if refused.is_empty() { Response::Acked } else { Response::AcksRefused { refused } };
+    Ok((response, vec![]))
 }
 
 fn forget_cursor(
-    topics: &Topics,
+    topics: &mut Topics,
     store: &mut impl SmStore,
     name: &str,
     subscriber_id: &str,
-) -> (Response, Vec<String>) {
-    match topics.by_name.get(name).filter(|r| !r.deleted) {
-        Some(record) => {
-            store.cursor_delete(record.id, subscriber_id);
-            (Response::CursorForgotten, vec![])
+) -> Result<(Response, Vec<String>), StoreError> {
+    let Some(record) = topics.by_name.get(name).filter(|r| !r.deleted) else {
+        return Ok((Response::TopicNotFound, vec![]));
+    };
+    if store.cursor_get(record.id, subscriber_id)?.is_some() {
+        store.cursor_delete(record.id, subscriber_id);
+        if let Some(count) = topics.cursor_counts.get_mut(&record.id) {
+            *count = count.saturating_sub(1);
         }
-        None => (Response::TopicNotFound, vec![]),
     }
+    Ok((Response::CursorForgotten, vec![]))
 }
 
 fn tick(
@@ -363,6 +394,9 @@ pub(crate) mod tests {
             for seq in from..to {
                 self.messages.remove(&(topic_id, seq));
             }
+        }
+        fn cursor_get(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError> {
+            Ok(self.cursors.get(&(topic_id, subscriber_id.to_string())).copied())
         }
         fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
             self.cursors.insert((topic_id, subscriber_id.to_string()), sequence);
@@ -622,5 +656,41 @@ pub(crate) mod tests {
         // Idempotent, and refused for a topic that is not there.
         assert_eq!(run(&mut t, &mut s, forget("a")), Response::CursorForgotten);
         assert_eq!(run(&mut t, &mut s, forget("none")), Response::TopicNotFound);
+    }
+
+    #[test]
+    fn a_topic_records_cursors_for_at_most_the_bound_of_new_subscribers() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, create("a", Retention::default()));
+        run(&mut t, &mut s, create("b", Retention::default()));
+        run(&mut t, &mut s, publish_at("a", &["1", "2"], 5));
+        let ack =
+            |topic: &str, id: &str, sequence| AckRecord { topic: topic.into(), subscriber_id: id.into(), sequence };
+        let fill: Vec<AckRecord> = (0..CURSORS_PER_TOPIC_MAX).map(|i| ack("a", &format!("s{i}"), 1)).collect();
+        assert_eq!(run(&mut t, &mut s, Request::AckBounded { acks: fill }), Response::Acked);
+        assert_eq!(t.cursor_counts[&1], CURSORS_PER_TOPIC_MAX);
+
+        // Full: a new subscriber is refused, a recorded one still moves, another topic is free.
+        let acks = vec![ack("a", "new", 2), ack("a", "s0", 2), ack("b", "new", 0)];
+        let refused = vec![ack("a", "new", 2)];
+        assert_eq!(run(&mut t, &mut s, Request::AckBounded { acks }), Response::AcksRefused { refused });
+        assert_eq!(s.cursors.get(&(1, "new".to_string())), None);
+        assert_eq!(s.cursors[&(1, "s0".to_string())], 2);
+        assert_eq!(s.cursors[&(2, "new".to_string())], 0);
+
+        // Forgetting one makes room for one; forgetting it again frees nothing more.
+        let forget = || Request::ForgetCursor { topic: "a".into(), subscriber_id: "s1".into() };
+        run(&mut t, &mut s, forget());
+        run(&mut t, &mut s, forget());
+        assert_eq!(t.cursor_counts[&1], CURSORS_PER_TOPIC_MAX - 1);
+        let acks = vec![ack("a", "new", 2), ack("a", "newer", 2)];
+        let refused = vec![ack("a", "newer", 2)];
+        assert_eq!(run(&mut t, &mut s, Request::AckBounded { acks }), Response::AcksRefused { refused });
+        assert_eq!(s.cursors[&(1, "new".to_string())], 2);
+
+        // `Ack` entries written before the bound existed apply as they did then, and are counted.
+        assert_eq!(run(&mut t, &mut s, Request::Ack { acks: vec![ack("a", "old", 2)] }), Response::Acked);
+        assert_eq!(t.cursor_counts[&1], CURSORS_PER_TOPIC_MAX + 1);
+        assert_eq!(s.cursors.keys().filter(|(topic, _)| *topic == 1).count() as u64, t.cursor_counts[&1]);
     }
 }

@@ -117,6 +117,7 @@ impl StateMachine {
             by_name: HashMap::new(),
             next_topic_id: self.db.get_cf(meta, NEXT_TOPIC_ID)?.as_deref().and_then(decode_u64).unwrap_or(0),
             deletions: Vec::new(),
+            cursor_counts: self.count_cursors()?,
         };
         for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
             let (_, value) = item?;
@@ -128,6 +129,20 @@ impl StateMachine {
             self.feeds.notify_applied(applied.index);
         }
         Ok(())
+    }
+
+    /// Recorded cursors per topic id, counted from the `cursors` column family (keys start
+    /// with the topic id): at most [`crate::limits::CURSORS_PER_TOPIC_MAX`] per topic, so a
+    /// start-up reads them in well under a second.
+    fn count_cursors(&self) -> Result<HashMap<u64, u64>, StoreError> {
+        let mut counts = HashMap::new();
+        for item in self.db.iterator_cf(cf(&self.db, CF_CURSORS)?, IteratorMode::Start) {
+            let (key, _) = item?;
+            let topic_id =
+                decode_u64(&key).ok_or_else(|| StoreError::Corrupt("a cursor key shorter than a topic id".into()))?;
+            *counts.entry(topic_id).or_insert(0) += 1;
+        }
+        Ok(counts)
     }
 
     fn apply_entries(&mut self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<Response>, StoreError> {
@@ -199,6 +214,8 @@ struct ApplyBatch<'a> {
     /// batch, or read ahead from RocksDB by `dedup_prefetch`.
     dedup: HashMap<Vec<u8>, Option<u64>>,
     messages: HashMap<(u64, u64), MessageMeta>,
+    /// Cursors written or deleted by this batch, by their RocksDB key.
+    cursors: HashMap<Vec<u8>, Option<u64>>,
     cf_dedup: &'a rocksdb::ColumnFamily,
     cf_messages: &'a rocksdb::ColumnFamily,
     cf_cursors: &'a rocksdb::ColumnFamily,
@@ -211,6 +228,7 @@ impl<'a> ApplyBatch<'a> {
             batch: WriteBatch::default(),
             dedup: HashMap::new(),
             messages: HashMap::new(),
+            cursors: HashMap::new(),
             cf_dedup: cf(db, CF_DEDUP)?,
             cf_messages: cf(db, CF_MESSAGES)?,
             cf_cursors: cf(db, CF_CURSORS)?,
@@ -282,12 +300,24 @@ impl SmStore for ApplyBatch<'_> {
         }
     }
 
+    fn cursor_get(&self, topic_id: u64, subscriber_id: &str) -> Result<Option<u64>, StoreError> {
+        let key = topic_scoped_key(topic_id, subscriber_id);
+        if let Some(pending) = self.cursors.get(&key) {
+            return Ok(*pending);
+        }
+        Ok(self.db.get_pinned_cf(self.cf_cursors, &key)?.as_deref().and_then(decode_u64))
+    }
+
     fn cursor_put(&mut self, topic_id: u64, subscriber_id: &str, sequence: u64) {
-        self.batch.put_cf(self.cf_cursors, topic_scoped_key(topic_id, subscriber_id), sequence.to_be_bytes());
+        let key = topic_scoped_key(topic_id, subscriber_id);
+        self.batch.put_cf(self.cf_cursors, &key, sequence.to_be_bytes());
+        self.cursors.insert(key, Some(sequence));
     }
 
     fn cursor_delete(&mut self, topic_id: u64, subscriber_id: &str) {
-        self.batch.delete_cf(self.cf_cursors, topic_scoped_key(topic_id, subscriber_id));
+        let key = topic_scoped_key(topic_id, subscriber_id);
+        self.batch.delete_cf(self.cf_cursors, &key);
+        self.cursors.insert(key, None);
     }
 }
 

@@ -604,3 +604,46 @@ async fn a_data_dir_is_refused_to_a_node_it_does_not_belong_to() {
     // Its own id is still welcome.
     store.log_store.set_node_id(2).unwrap();
 }
+
+/// The bound on a topic's recorded cursors is counted in memory: the count must be the same
+/// after a restart (counted from disk) and on a node that installed a snapshot, or replicas
+/// would refuse different acks. Acks and forgets within one applied batch see each other.
+#[tokio::test]
+async fn the_recorded_cursor_bound_holds_after_a_restart_and_a_snapshot_install() {
+    use raft_store::command::AckRecord;
+    use raft_store::limits::CURSORS_PER_TOPIC_MAX;
+    let ack = |id: &str| AckRecord { topic: "a".into(), subscriber_id: id.into(), sequence: 1 };
+    let acked = |acks: Vec<AckRecord>| Request::AckBounded { acks };
+    let forget = |id: &str| Request::ForgetCursor { topic: "a".into(), subscriber_id: id.into() };
+    let refused = |id: &str| vec![Response::AcksRefused { refused: vec![ack(id)] }];
+    let (dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let fill: Vec<AckRecord> = (1..CURSORS_PER_TOPIC_MAX).map(|i| ack(&format!("s{i}"))).collect();
+    // One batch: the last place taken twice over (an ack, its forget, another ack), then full.
+    let entries = vec![
+        entry(1, create("a")),
+        entry(2, acked(fill)),
+        entry(3, acked(vec![ack("x")])),
+        entry(4, forget("x")),
+        entry(5, acked(vec![ack("y"), ack("z")])),
+    ];
+    let responses = store.state_machine.apply(entries).await.unwrap();
+    assert_eq!(responses[4], refused("z")[0]);
+    assert_eq!(store.reader.cursors(1, usize::MAX).unwrap().len() as u64, CURSORS_PER_TOPIC_MAX);
+    let snapshot = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let closed = store.closed;
+    drop((store.log_store, store.state_machine, store.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
+
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(store.state_machine.apply([entry(6, acked(vec![ack("new")]))]).await.unwrap(), refused("new"));
+    assert_eq!(store.state_machine.apply([entry(7, acked(vec![ack("s1")]))]).await.unwrap(), vec![Response::Acked]);
+
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!(follower.state_machine.apply([entry(6, acked(vec![ack("new")]))]).await.unwrap(), refused("new"));
+    follower.state_machine.apply([entry(7, forget("s1"))]).await.unwrap();
+    let r = follower.state_machine.apply([entry(8, acked(vec![ack("new")]))]).await.unwrap();
+    assert_eq!(r, vec![Response::Acked], "a forgotten cursor makes room");
+}

@@ -3,14 +3,15 @@
 //! [`ACK_FLUSH_INTERVAL`], so a subscriber acking every message costs one Raft entry per
 //! interval for the whole node, not one per ack.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, Weak};
 
 use raft_store::command::AckRecord;
-use raft_store::Request;
+use raft_store::limits::CURSORS_PER_TOPIC_MAX;
+use raft_store::{Request, Response};
 
 use crate::app::App;
-use crate::limits::{ACKS_PENDING_MAX, ACKS_PER_COMMAND_MAX, ACK_FLUSH_INTERVAL};
+use crate::limits::{ACKS_PENDING_MAX, ACKS_PER_COMMAND_MAX, ACKS_REFUSED_LOG_INTERVAL, ACK_FLUSH_INTERVAL};
 
 #[derive(Default)]
 pub struct AckCoalescer {
@@ -21,6 +22,8 @@ pub struct AckCoalescer {
     flushing: tokio::sync::Mutex<()>,
     /// Whether dropped acks were reported since the last flush.
     full_reported: std::sync::atomic::AtomicBool,
+    /// When acks refused by the cluster were last logged.
+    refused_reported_at: Mutex<Option<std::time::Instant>>,
 }
 
 impl AckCoalescer {
@@ -88,13 +91,37 @@ pub async fn flush(app: &App) {
                 sequence: *sequence,
             })
             .collect();
-        if let Err(e) = app.propose_anywhere(Request::Ack { acks: records }).await {
-            let unrecorded = &acks[i * ACKS_PER_COMMAND_MAX..];
-            tracing::debug!(error = %e, count = unrecorded.len(), "acks not recorded yet; retrying");
-            app.acks.restore(unrecorded.iter().cloned());
-            return;
+        match app.propose_anywhere(Request::AckBounded { acks: records }).await {
+            Ok(Response::AcksRefused { refused }) => report_refused(app, &refused),
+            Ok(_) => {}
+            Err(e) => {
+                let unrecorded = &acks[i * ACKS_PER_COMMAND_MAX..];
+                tracing::debug!(error = %e, count = unrecorded.len(), "acks not recorded yet; retrying");
+                app.acks.restore(unrecorded.iter().cloned());
+                return;
+            }
         }
     }
+}
+
+/// Acks the cluster did not record because their topic holds [`CURSORS_PER_TOPIC_MAX`]
+/// cursors: counted, and logged at most once per [`ACKS_REFUSED_LOG_INTERVAL`] (a refused
+/// subscriber acks again at every message). Not retried: its next ack is tried afresh, and
+/// is recorded once cursors are forgotten.
+fn report_refused(app: &App, refused: &[AckRecord]) {
+    app.metrics.acks_refused.inc_by(refused.len() as u64);
+    let mut reported_at = app.acks.refused_reported_at.lock().unwrap_or_else(|e| e.into_inner());
+    if reported_at.is_some_and(|at| at.elapsed() < ACKS_REFUSED_LOG_INTERVAL) {
+        return;
+    }
+    *reported_at = Some(std::time::Instant::now());
+    let topics: BTreeSet<&str> = refused.iter().map(|a| a.topic.as_str()).collect();
+    tracing::warn!(
+        ?topics,
+        count = refused.len(),
+        "acks of new subscribers not recorded: each topic holds {CURSORS_PER_TOPIC_MAX} recorded cursors; \
+         forget unused ones with DELETE /topics/:name/subscribers/:id (pubsub_acks_refused counts them)"
+    );
 }
 
 #[cfg(test)]
