@@ -900,3 +900,28 @@ async fn publishes_on_one_websocket_are_stored_in_the_order_sent() {
     let in_send_order: Vec<u64> = sequence_of.values().copied().collect();
     assert_eq!(in_send_order, (1..=count).collect::<Vec<u64>>());
 }
+
+/// The first leader names the cluster and every node learns the id (`GET /cluster`); a Raft
+/// peer presenting another cluster's id is refused before the upgrade with 403
+/// `wrong_cluster`, one presenting this one's goes on to it.
+#[tokio::test]
+async fn a_raft_peer_of_another_cluster_is_refused() {
+    let c = Cluster::start(Options::default()).await;
+    let id = wait_until("one cluster id on every node", Duration::from_secs(10), || async {
+        let mut ids = std::collections::BTreeSet::new();
+        for i in 0..3 {
+            ids.insert(get(&format!("{}/cluster", c.url(i))).await.ok()?.body["cluster_id"].as_str()?.to_string());
+        }
+        (ids.len() == 1).then(|| ids.pop_first().unwrap())
+    })
+    .await;
+    let raft = |presented: &str| {
+        let request = http::client().get(format!("{}/raft", c.url(1))).bearer_auth("test-secret");
+        http::send(request.header("x-pubsub-cluster-id", presented))
+    };
+    let r = raft("another").await.unwrap();
+    assert!(r.status == 403 && is_error_body(&r.body, "wrong_cluster"), "{r:?}");
+    assert_eq!(r.body["details"]["cluster_id"], json!(id));
+    let r = raft(&id).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "on to the upgrade: {r:?}");
+}

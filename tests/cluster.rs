@@ -1,6 +1,7 @@
 //! Faults against real 3-node clusters: leader kill -9 under load, restarts of one node and
 //! of the whole cluster (also right after every node purged its log), catch-up by snapshot,
-//! subscriptions across a leader change, a clean SIGTERM, and a stopping leader's hand-over.
+//! subscriptions across a leader change, a clean SIGTERM, a stopping leader's hand-over, and a
+//! node of another cluster at a peer address.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -407,4 +408,91 @@ async fn a_data_dir_given_to_another_node_id_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("it holds node 1's state, not node 2's"), "{stderr}");
     drop(c);
+}
+
+/// A single-node cluster of its own, as node `id` at `addr` on `data_dir`; killed when dropped.
+struct Stranger(std::process::Child);
+
+impl Stranger {
+    fn start(id: u64, addr: &str, data_dir: &std::path::Path, log: &std::path::Path) -> Stranger {
+        let log = std::fs::File::options().create(true).append(true).open(log).unwrap();
+        let child = std::process::Command::new(pubsub_tests::node_binary())
+            .args(["--id", &id.to_string(), "--listen", addr, "--peers", &format!("{id}={addr}")])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--cluster-secret", "test-secret"])
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn pubsub-node");
+        Stranger(child)
+    }
+
+    /// Its cluster id, once it leads and has applied one.
+    async fn cluster_id(addr: &str) -> String {
+        wait_until("the stranger leads and has a cluster id", CONVERGE, || async {
+            let info = pubsub_tests::http::get(&format!("http://{addr}/cluster")).await.ok()?.body;
+            (info["role"] == "leader").then_some(())?;
+            Some(info["cluster_id"].as_str()?.to_string())
+        })
+        .await
+    }
+}
+
+impl Drop for Stranger {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A peer address that comes to point at a node of another cluster (an address reused after
+/// our node went away; node ids 1–3 are everyone's) must not let our leader rewrite that
+/// node's log, nor that node disturb ours: it refuses our leader's connection (403
+/// `wrong_cluster`) and keeps leading its own cluster with its own messages, and ours goes on
+/// with two of three. (Without the check the stranger stopped serving here.)
+#[tokio::test]
+async fn a_node_of_another_cluster_at_a_peer_address_refuses_our_leader() {
+    let mut c = Cluster::start(Options::default()).await;
+    let ours = wait_until("one cluster id on every node", CONVERGE, || async {
+        let mut ids = std::collections::BTreeSet::new();
+        for i in 0..3 {
+            ids.insert(c.cluster_info(i).await?["cluster_id"].as_str()?.to_string());
+        }
+        (ids.len() == 1).then(|| ids.pop_first().unwrap())
+    })
+    .await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let victim = (0..3).find(|&i| i != leader).unwrap();
+    let (id, addr) = (c.nodes[victim].id, c.nodes[victim].addr.clone());
+    let (data_dir, log) = (c.dir().join("stranger"), c.dir().join("stranger.log"));
+
+    // The stranger gets its cluster id and a message of its own elsewhere first...
+    let elsewhere = format!("127.0.0.1:{}", pubsub_tests::free_ports(1)[0]);
+    let stranger = Stranger::start(id, &elsewhere, &data_dir, &log);
+    let theirs = Stranger::cluster_id(&elsewhere).await;
+    assert_ne!(theirs, ours);
+    post_raw(&format!("http://{elsewhere}/topics/theirs"), "").await.unwrap();
+    let r = post(&format!("http://{elsewhere}/topics/theirs/messages"), &json!({"payload": 1})).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    drop(stranger);
+    // ...then takes the address of our node that went away.
+    c.kill(victim);
+    let _stranger = Stranger::start(id, &addr, &data_dir, &log);
+    assert_eq!(Stranger::cluster_id(&addr).await, theirs);
+    wait_until("the stranger refusing our leader", CONVERGE, || async {
+        std::fs::read_to_string(&log).ok()?.contains(&format!("belongs to cluster {theirs}, not {ours}")).then_some(())
+    })
+    .await;
+
+    create_topic(&c, "ours").await;
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let r = post(&format!("{l}/topics/ours/messages"), &json!({"payload": 2})).await.unwrap();
+    assert_eq!(r.status, 201, "ours goes on with two of three: {r:?}\n{}", c.logs());
+    let info = pubsub_tests::http::get(&format!("http://{addr}/cluster")).await.unwrap().body;
+    assert_eq!((&info["role"], &info["cluster_id"]), (&json!("leader"), &json!(theirs)));
+    let topics = pubsub_tests::http::get(&format!("http://{addr}/topics")).await.unwrap().body;
+    assert_eq!(topics["topics"].as_array().unwrap().len(), 1, "{topics}");
+    assert_eq!((&topics["topics"][0]["name"], &topics["topics"][0]["message_count"]), (&json!("theirs"), &json!(1)));
 }

@@ -29,6 +29,8 @@ pub enum ApiError {
     RequestTimeout(u64),
     #[error("missing or wrong cluster secret")]
     Unauthorized,
+    #[error("this node belongs to cluster {ours}, not {presented}: check the peer addresses")]
+    WrongCluster { ours: String, presented: String },
     #[error("the write was not committed within {0} ms; it may still commit")]
     RaftTimeout(u128),
     #[error("the write was appended but not committed: {0}")]
@@ -60,6 +62,7 @@ impl ApiError {
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::WrongCluster { .. } => (StatusCode::FORBIDDEN, "wrong_cluster"),
             Self::RaftTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
             Self::NotCommitted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not_committed"),
             Self::NotFound(_) | Self::CursorNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
@@ -87,6 +90,9 @@ impl ApiError {
                 body["details"] = json!({"id": id, "existing_sequence": existing_sequence});
             }
             Self::TopicNotFound(topic) => body["details"] = json!({"topic": topic}),
+            Self::WrongCluster { ours, presented } => {
+                body["details"] = json!({"cluster_id": ours, "presented_cluster_id": presented})
+            }
             Self::CursorNotFound { topic, subscriber_id } => {
                 body["details"] = json!({"topic": topic, "subscriber_id": subscriber_id})
             }

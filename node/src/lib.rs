@@ -45,7 +45,7 @@ use crate::app::App;
 pub use crate::config::{Config, ConfigError, Flags};
 use crate::metrics::Metrics;
 pub use crate::net::Env;
-use crate::raft::network::{Network, PeerPool};
+use crate::raft::network::{Introduction, Network, PeerPool};
 
 /// Why the node could not run.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,12 @@ where
     let store_closed = store.closed;
     let raft_config = raft::config::raft_config(config.heartbeat_ms, config.election_timeout_ms, config.snapshot_logs)
         .map_err(NodeError::Raft)?;
-    let peers = PeerPool::new(env.clone(), config.cluster_secret.clone());
+    let reader = store.reader.clone();
+    let intro = Introduction {
+        secret: config.cluster_secret.clone(),
+        cluster_id: Arc::new(move || reader.cluster_id().map(str::to_string)),
+    };
+    let peers = PeerPool::new(env.clone(), intro);
     let raft =
         Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)
             .await
@@ -113,6 +118,7 @@ where
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
+    tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
 
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
@@ -230,6 +236,30 @@ async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
         }
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(NodeError::Raft(e.to_string())),
+    }
+}
+
+/// A leader that finds no cluster id applied proposes one (random; the first applied wins), so
+/// that every node presents it when it dials a peer (raft/server.rs refuses another
+/// cluster's). Ends once an id is applied. Data directories of earlier builds get theirs so.
+async fn name_the_cluster(app: std::sync::Weak<App>) {
+    let Some(mut metrics) = app.upgrade().map(|app| app.raft.metrics()) else { return };
+    loop {
+        {
+            let Some(app) = app.upgrade() else { return };
+            if app.shutdown.is_cancelled() || app.reader.cluster_id().is_some() {
+                return;
+            }
+            if app.leadership() == app::Leadership::Me {
+                let id = uuid::Uuid::new_v4().to_string();
+                if let Err(e) = app.propose_anywhere(Request::SetClusterId { id }).await {
+                    tracing::debug!(error = %e, "cluster id not recorded yet; retrying");
+                }
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -48,6 +48,10 @@ pub enum Request {
     /// `Ack`: every replica must apply an entry as it was first applied, and `Ack` entries
     /// already in logs were applied without the bound. Declared last, for the same reason.
     AckBounded { acks: Vec<AckRecord> },
+    /// Names the cluster, once: the first one applied wins and later ones change nothing. A
+    /// leader proposes it while none is applied; every node then presents the id when it
+    /// dials a peer, and refuses peers of another cluster. Declared last, for the same reason.
+    SetClusterId { id: String },
 }
 
 impl Request {
@@ -74,6 +78,7 @@ impl Request {
             Request::DeleteTopic { topic } => topic.len(),
             Request::ForgetCursor { topic, subscriber_id } => topic.len() + subscriber_id.len(),
             Request::Tick { .. } => 8,
+            Request::SetClusterId { id } => id.len(),
         }
     }
 }
@@ -200,5 +205,6 @@ mod tests {
         let forget = Request::ForgetCursor { topic: "t".into(), subscriber_id: "s".into() };
         assert_eq!(position(&forget), 7);
         assert_eq!(position(&Request::AckBounded { acks: vec![] }), 8);
+        assert_eq!(position(&Request::SetClusterId { id: "c".into() }), 9);
     }
 }

@@ -30,6 +30,8 @@ pub const NODE_ID: &[u8] = b"node_id";
 pub const LAST_APPLIED: &[u8] = b"last_applied";
 pub const MEMBERSHIP: &[u8] = b"membership";
 pub const NEXT_TOPIC_ID: &[u8] = b"next_topic_id";
+/// The cluster's id, set once by the first `SetClusterId` applied; carried in snapshots.
+pub const CLUSTER_ID: &[u8] = b"cluster_id";
 pub const SNAPSHOT_META: &[u8] = b"snapshot_meta";
 pub const INSTALL_PENDING: &[u8] = b"install_pending";
 

@@ -4,7 +4,7 @@
 //! applied index. Topic records come from memory; messages, dedup and cursors from RocksDB
 //! through bounded iterators (never a full scan).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use bytes::Bytes;
 use rocksdb::{Direction, IteratorMode, DB};
@@ -65,6 +65,8 @@ pub struct StoreReader {
     pub(crate) feeds: Arc<Feeds>,
     /// Odd while a snapshot install runs; raised at its start and end.
     pub(crate) installs: Arc<std::sync::atomic::AtomicU64>,
+    /// Set by the state machine once the cluster's id is applied; never changes after.
+    pub(crate) cluster_id: Arc<OnceLock<String>>,
 }
 
 impl StoreReader {
@@ -86,6 +88,11 @@ impl StoreReader {
             return Err(StoreError::Installing);
         }
         Ok(value)
+    }
+
+    /// The cluster's id, once one is applied (`Request::SetClusterId`). Takes no lock.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.get().map(String::as_str)
     }
 
     /// A topic's record, including deleted ones (check `deleted`).

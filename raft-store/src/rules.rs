@@ -52,6 +52,8 @@ pub struct Topics {
     /// Recorded cursors per topic id (in memory only: counted from the cursors when the state
     /// is loaded, then kept by the rules), for [`CURSORS_PER_TOPIC_MAX`].
     pub cursor_counts: HashMap<u64, u64>,
+    /// The cluster's id, once a `SetClusterId` was applied (persisted in `sm_meta`).
+    pub cluster_id: Option<String>,
 }
 
 /// Applies one command. Returns the response and the names of the topics it changed (their
@@ -89,6 +91,10 @@ fn apply_command(
         Request::AckBounded { acks } => ack(topics, store, acks, CursorBound::PerTopic),
         Request::ForgetCursor { topic, subscriber_id } => forget_cursor(topics, store, topic, subscriber_id),
         Request::Tick { now_ms } => tick(topics, store, *now_ms, trim_budget),
+        Request::SetClusterId { id } => {
+            topics.cluster_id.get_or_insert_with(|| id.clone());
+            Ok((Response::None, vec![]))
+        }
         Request::Batch(requests) => {
             let mut responses = Vec::with_capacity(requests.len());
             let mut changed = Vec::new();
@@ -692,5 +698,13 @@ pub(crate) mod tests {
         assert_eq!(run(&mut t, &mut s, Request::Ack { acks: vec![ack("a", "old", 2)] }), Response::Acked);
         assert_eq!(t.cursor_counts[&1], CURSORS_PER_TOPIC_MAX + 1);
         assert_eq!(s.cursors.keys().filter(|(topic, _)| *topic == 1).count() as u64, t.cursor_counts[&1]);
+    }
+
+    #[test]
+    fn the_first_cluster_id_applied_stays() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        run(&mut t, &mut s, Request::SetClusterId { id: "first".into() });
+        run(&mut t, &mut s, Request::SetClusterId { id: "second".into() });
+        assert_eq!(t.cluster_id.as_deref(), Some("first"));
     }
 }

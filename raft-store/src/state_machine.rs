@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::storage::RaftStateMachine;
@@ -21,7 +21,7 @@ use crate::db::{cf, flush_state_machine, unlogged};
 use crate::error::{read_err, sm_write_err};
 use crate::feeds::Feeds;
 use crate::keys::{
-    decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, CF_SM_META, CF_TOPICS,
+    decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, CF_SM_META, CF_TOPICS, CLUSTER_ID,
     INSTALL_PENDING, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SNAPSHOT_META,
 };
 use crate::log_store::IoMode;
@@ -41,6 +41,8 @@ pub struct StateMachine {
     /// Odd while a snapshot install rewrites the tables readers read, raised at its start and
     /// its end (shared with readers: see [`StoreReader::installing`]).
     installs: Arc<AtomicU64>,
+    /// The cluster's id once applied (shared with readers: see [`StoreReader::cluster_id`]).
+    cluster_id: Arc<OnceLock<String>>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshots: SnapshotFiles,
@@ -84,6 +86,7 @@ impl StateMachine {
             topics: Arc::new(RwLock::new(Topics::default())),
             feeds,
             installs: Arc::new(AtomicU64::new(0)),
+            cluster_id: Arc::new(OnceLock::new()),
             last_applied: None,
             membership: StoredMembership::default(),
             snapshots,
@@ -99,6 +102,7 @@ impl StateMachine {
             topics: self.topics.clone(),
             feeds: self.feeds.clone(),
             installs: self.installs.clone(),
+            cluster_id: self.cluster_id.clone(),
         }
     }
 
@@ -118,17 +122,32 @@ impl StateMachine {
             next_topic_id: self.db.get_cf(meta, NEXT_TOPIC_ID)?.as_deref().and_then(decode_u64).unwrap_or(0),
             deletions: Vec::new(),
             cursor_counts: self.count_cursors()?,
+            cluster_id: match self.db.get_cf(meta, CLUSTER_ID)? {
+                Some(b) => {
+                    Some(String::from_utf8(b).map_err(|_| StoreError::Corrupt("the cluster id is not UTF-8".into()))?)
+                }
+                None => None,
+            },
         };
         for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
             let (_, value) = item?;
             let record: TopicRecord = bincode::deserialize(&value).map_err(StoreError::decode("topic"))?;
             topics.by_name.insert(record.name.clone(), record);
         }
+        self.publish_cluster_id(&topics);
         *self.topics.write().unwrap_or_else(|e| e.into_inner()) = topics;
         if let Some(applied) = &self.last_applied {
             self.feeds.notify_applied(applied.index);
         }
         Ok(())
+    }
+
+    /// Hands the applied cluster id to readers: they check it on every Raft RPC, which must
+    /// not wait for the topic map's lock while an apply holds it. Set once, as the rules do.
+    fn publish_cluster_id(&self, topics: &Topics) {
+        if let Some(id) = &topics.cluster_id {
+            let _ = self.cluster_id.set(id.clone());
+        }
     }
 
     /// Recorded cursors per topic id, counted from the `cursors` column family (keys start
@@ -153,6 +172,7 @@ impl StateMachine {
         let mut changed = BTreeSet::new();
         let mut membership_changed = false;
         let next_topic_id = topics.next_topic_id;
+        let had_cluster_id = topics.cluster_id.is_some();
         for entry in entries {
             debug_assert!(self.last_applied.as_ref().is_none_or(|a| a.index < entry.log_id.index));
             self.last_applied = Some(entry.log_id);
@@ -180,6 +200,9 @@ impl StateMachine {
         if topics.next_topic_id != next_topic_id {
             batch.batch.put_cf(meta, NEXT_TOPIC_ID, topics.next_topic_id.to_be_bytes());
         }
+        if let Some(id) = topics.cluster_id.as_ref().filter(|_| !had_cluster_id) {
+            batch.batch.put_cf(meta, CLUSTER_ID, id.as_bytes());
+        }
         if membership_changed {
             batch.batch.put_cf(meta, MEMBERSHIP, encode(&self.membership)?);
         }
@@ -196,6 +219,7 @@ impl StateMachine {
             }
         }
         topics.deletions.clear();
+        self.publish_cluster_id(&topics);
         drop(topics);
         drop(watchers);
         if let Some(applied) = &self.last_applied {

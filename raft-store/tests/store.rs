@@ -647,3 +647,27 @@ async fn the_recorded_cursor_bound_holds_after_a_restart_and_a_snapshot_install(
     let r = follower.state_machine.apply([entry(8, acked(vec![ack("new")]))]).await.unwrap();
     assert_eq!(r, vec![Response::Acked], "a forgotten cursor makes room");
 }
+
+/// The cluster id is set once, kept across a restart and carried to a node by a snapshot.
+#[tokio::test]
+async fn the_cluster_id_is_set_once_and_survives_a_restart_and_a_snapshot_install() {
+    let set = |id: &str| Request::SetClusterId { id: id.into() };
+    let (dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(store.reader.cluster_id(), None);
+    store.state_machine.apply([entry(1, set("ours")), entry(2, set("theirs"))]).await.unwrap();
+    assert_eq!(store.reader.cluster_id(), Some("ours"));
+    let snapshot = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let closed = store.closed;
+    drop((store.log_store, store.state_machine, store.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
+
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(store.reader.cluster_id(), Some("ours"));
+    store.state_machine.apply([entry(3, set("later"))]).await.unwrap();
+    assert_eq!(store.reader.cluster_id(), Some("ours"));
+
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!(follower.reader.cluster_id(), Some("ours"));
+}

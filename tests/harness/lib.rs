@@ -58,7 +58,7 @@ const TEST_PORTS_WINDOWS: u32 = 120;
 const TEST_PORTS_PER_WINDOW: u16 = 100;
 
 /// `n` distinct ports that could be bound just now, none handed out before by this process.
-fn free_ports(n: usize) -> Vec<u16> {
+pub fn free_ports(n: usize) -> Vec<u16> {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let window = TEST_PORTS_FIRST + (std::process::id() % TEST_PORTS_WINDOWS) as u16 * TEST_PORTS_PER_WINDOW;
     let mut ports = Vec::with_capacity(n);

@@ -40,6 +40,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     peers.sort();
     Json(json!({
         "node_id": format!("node-{}", app.id()),
+        "cluster_id": app.reader.cluster_id(),
         "leader_id": leader_id.map(|id| format!("node-{id}")),
         "leader_address": leader_address,
         "peers": peers.into_iter().map(|(id, addr)| app.client_address(id, &addr)).collect::<Vec<_>>(),

@@ -7,6 +7,11 @@
 //! - [`config`]: openraft's configuration from the node's flags.
 //! - [`handover`]: a stopping leader hands its leadership to an up-to-date voter.
 
+/// The header in which a dialing node presents its cluster's id (when it knows one): a node
+/// that knows another id refuses the connection, so a peer address that points into another
+/// cluster cannot make its leader rewrite this cluster's log.
+pub const CLUSTER_ID_HEADER: &str = "x-pubsub-cluster-id";
+
 pub mod codec;
 pub mod config;
 pub mod handover;

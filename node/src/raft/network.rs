@@ -33,6 +33,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::codec::{decode, encode, frame_id, Frame, RpcRequest, RpcResponse};
+use super::CLUSTER_ID_HEADER;
 use crate::limits::{
     APPEND_ENTRIES_BYTES_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT,
     RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
@@ -60,16 +61,25 @@ pub fn ws_config() -> WebSocketConfig {
         .max_frame_size(Some(RAFT_MESSAGE_BYTES_MAX))
 }
 
+/// What this node presents when it dials a peer: the cluster secret, and its cluster's id
+/// once one is applied.
+#[derive(Clone)]
+pub struct Introduction {
+    pub secret: Option<String>,
+    /// Asked at each dial: the id is applied some time after the node starts.
+    pub cluster_id: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+}
+
 /// Connections to every peer, shared by all Raft clients of this node.
 pub struct PeerPool {
     env: Env,
-    secret: Option<String>,
+    intro: Introduction,
     conns: Mutex<HashMap<(NodeId, String), Arc<PeerConn>>>,
 }
 
 impl PeerPool {
-    pub fn new(env: Env, secret: Option<String>) -> Arc<Self> {
-        Arc::new(Self { env, secret, conns: Mutex::new(HashMap::new()) })
+    pub fn new(env: Env, intro: Introduction) -> Arc<Self> {
+        Arc::new(Self { env, intro, conns: Mutex::new(HashMap::new()) })
     }
 
     /// The connection to `target` at `addr`, created (not yet dialed) on first use.
@@ -77,7 +87,7 @@ impl PeerPool {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns
             .entry((target, addr.to_string()))
-            .or_insert_with(|| PeerConn::spawn(self.env.clone(), addr.to_string(), self.secret.clone()))
+            .or_insert_with(|| PeerConn::spawn(self.env.clone(), addr.to_string(), self.intro.clone()))
             .clone()
     }
 }
@@ -95,9 +105,9 @@ pub struct PeerConn {
 }
 
 impl PeerConn {
-    fn spawn(env: Env, addr: String, secret: Option<String>) -> Arc<Self> {
+    fn spawn(env: Env, addr: String, intro: Introduction) -> Arc<Self> {
         let (queue, rx) = mpsc::channel(PEER_QUEUE_LEN);
-        tokio::spawn(run_conn(env, addr, secret, rx));
+        tokio::spawn(run_conn(env, addr, intro, rx));
         Arc::new(Self { queue, next_id: AtomicU64::new(1) })
     }
 
@@ -122,29 +132,40 @@ type Ws = tokio_tungstenite::WebSocketStream<crate::net::BoxedStream>;
 async fn dial(
     env: &Env,
     addr: &str,
-    secret: &Option<String>,
+    intro: &Introduction,
     progress: &Arc<WriteProgress>,
 ) -> Result<Ws, TransportError> {
     let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
     let inner = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
     let stream: BoxedStream = Box::new(Metered { inner, progress: progress.clone() });
     let mut request = format!("ws://{addr}/raft").into_client_request().map_err(|e| unreachable(&e))?;
-    if let Some(secret) = secret {
+    if let Some(secret) = &intro.secret {
         let value = HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
         request.headers_mut().insert(AUTHORIZATION, value);
     }
-    let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
-        .await
-        .map_err(|e| unreachable(&e))?;
+    if let Some(id) = (intro.cluster_id)() {
+        let value = HeaderValue::from_str(&id).map_err(|e| unreachable(&e))?;
+        request.headers_mut().insert(CLUSTER_ID_HEADER, value);
+    }
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())).await.map_err(|e| match e {
+            // A refusal (401, 403 wrong_cluster) says why in its error body: log that, not just
+            // the status.
+            tokio_tungstenite::tungstenite::Error::Http(response) => {
+                let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+                unreachable(&format!("refused with {}: {body}", response.status()))
+            }
+            e => unreachable(&e),
+        })?;
     Ok(ws)
 }
 
 /// The connection task: dial on demand, pump requests out and responses back.
-async fn run_conn(env: Env, addr: String, secret: Option<String>, mut rx: mpsc::Receiver<Outgoing>) {
+async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Receiver<Outgoing>) {
     loop {
         let Some(first) = rx.recv().await else { return };
         let progress = WriteProgress::new();
-        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &secret, &progress)).await {
+        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &intro, &progress)).await {
             Ok(Ok(ws)) => ws,
             Ok(Err(e)) => {
                 fail_queued(first, &mut rx, e);
@@ -539,6 +560,39 @@ mod tests {
         addr
     }
 
+    fn anonymous() -> Introduction {
+        Introduction { secret: None, cluster_id: Arc::new(|| None) }
+    }
+
+    /// A dialing node presents its secret and, once it has one, its cluster's id.
+    #[tokio::test]
+    async fn a_dial_presents_the_secret_and_the_cluster_id() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (seen, mut heard) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                let record = move |request: &tokio_tungstenite::tungstenite::handshake::server::Request, response| {
+                    let header =
+                        |name| request.headers().get(name).map(|v: &HeaderValue| v.to_str().unwrap().to_string());
+                    let _ = seen.send((header(AUTHORIZATION.as_str()), header(CLUSTER_ID_HEADER)));
+                    Ok(response)
+                };
+                let _ = tokio_tungstenite::accept_hdr_async(stream, record).await;
+            }
+        });
+        let id = Arc::new(Mutex::new(None));
+        let current = id.clone();
+        let cluster_id = Arc::new(move || current.lock().unwrap().clone());
+        let pool = PeerPool::new(Env::production(None), Introduction { secret: Some("s3".into()), cluster_id });
+        let _ = pool.conn(2, &addr).call(forward_of(1), Duration::from_millis(200)).await;
+        assert_eq!(heard.recv().await.unwrap(), (Some("Bearer s3".into()), None), "no id applied yet");
+        *id.lock().unwrap() = Some("c1".to_string());
+        let _ = pool.conn(3, &addr).call(forward_of(1), Duration::from_millis(200)).await;
+        assert_eq!(heard.recv().await.unwrap(), (Some("Bearer s3".into()), Some("c1".into())));
+    }
+
     fn forward_of(payload_bytes: usize) -> RpcRequest {
         let message = NewMessage { id: "m".into(), timestamp: 0, payload: Bytes::from(vec![b'1'; payload_bytes]) };
         RpcRequest::Forward { req: Request::publish("t".into(), vec![message], 0, false) }
@@ -550,7 +604,7 @@ mod tests {
     async fn a_timed_out_append_entries_halves_the_next_one() {
         use openraft::{Entry, EntryPayload, LeaderId, LogId, Vote};
         let (addr, _accepted) = peer_that_stops_reading().await;
-        let pool = PeerPool::new(Env::production(None), None);
+        let pool = PeerPool::new(Env::production(None), anonymous());
         let mut client = PeerClient { target: 2, conn: pool.conn(2, &addr), entries_cap: None };
         let request = |n: u64| AppendEntriesRequest {
             vote: Vote::new_committed(1, 1),
@@ -579,7 +633,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_answer_from_a_peer_that_answers_pings_keeps_the_connection() {
         let addr = peer_that_answers_after(PEER_STALL_TIMEOUT + Duration::from_secs(1)).await;
-        let pool = PeerPool::new(Env::production(None), None);
+        let pool = PeerPool::new(Env::production(None), anonymous());
         let answer = pool.conn(2, &addr).call(forward_of(1), PEER_STALL_TIMEOUT * 3).await;
         assert!(matches!(answer, Ok(RpcResponse::Forward(Err(_)))), "{answer:?}");
     }
@@ -602,7 +656,7 @@ mod tests {
     #[tokio::test]
     async fn a_peer_that_stops_reading_is_dialed_again_after_a_stalled_write() {
         let (addr, accepted) = peer_that_stops_reading().await;
-        let pool = PeerPool::new(Env::production(None), None);
+        let pool = PeerPool::new(Env::production(None), anonymous());
         let conn = pool.conn(2, &addr);
         let stuck = conn.call(forward_of(32 * 1024 * 1024), Duration::from_millis(500)).await;
         assert!(matches!(stuck, Err(TransportError::Timeout(_))), "{stuck:?}");

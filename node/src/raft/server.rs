@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::codec::{decode, encode, frame_id, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
+use super::CLUSTER_ID_HEADER;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
@@ -33,6 +34,10 @@ pub async fn handle(
             return ApiError::Unauthorized.into_response();
         }
     }
+    let presented = headers.get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let Err(refused) = same_cluster(&app, presented.as_deref()) {
+        return refused.into_response();
+    }
     let Ok(upgrade) = upgrade else {
         return ApiError::InvalidRequest("GET /raft is a WebSocket endpoint for cluster peers".into()).into_response();
     };
@@ -40,10 +45,26 @@ pub async fn handle(
         .read_buffer_size(RAFT_READ_BUFFER_BYTES)
         .max_message_size(RAFT_MESSAGE_BYTES_MAX)
         .max_frame_size(RAFT_MESSAGE_BYTES_MAX)
-        .on_upgrade(move |socket| serve_peer(app, socket))
+        .on_upgrade(move |socket| serve_peer(app, socket, presented))
 }
 
-async fn serve_peer(app: SharedApp, socket: WebSocket) {
+/// Refuses a peer that presents another cluster's id than the one this node applied. One
+/// that presents none (a new node), or a node with none yet (a new node too), passes.
+fn same_cluster(app: &SharedApp, presented: Option<&str>) -> Result<(), ApiError> {
+    match (app.reader.cluster_id(), presented) {
+        (Some(ours), Some(presented)) if ours != presented => {
+            let refused = ApiError::WrongCluster { ours: ours.to_string(), presented: presented.to_string() };
+            tracing::warn!("refused a raft peer: {refused}");
+            Err(refused)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Serves one peer's connection. `presented` is the cluster id it presented when it dialed:
+/// checked again at every request, since this node may have had none then (a new node that
+/// has applied its own since must not go on taking another cluster's appends).
+async fn serve_peer(app: SharedApp, socket: WebSocket, presented: Option<String>) {
     let (sink, mut stream) = socket.split();
     // Each RPC's task writes its own answer. A writer task fed by a queue cost every RPC one
     // more hand-off between tasks (two RPCs per entry on a follower): with it, a follower
@@ -62,6 +83,9 @@ async fn serve_peer(app: SharedApp, socket: WebSocket) {
             Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
             Some(Ok(_)) => continue,
         };
+        if same_cluster(&app, presented.as_deref()).is_err() {
+            break;
+        }
         let frame = match decode::<RpcRequest>(&bytes) {
             Ok(frame) => frame,
             Err(e) => match frame_id(&bytes) {
