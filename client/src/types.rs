@@ -31,6 +31,9 @@ pub struct ClusterInfo {
     /// (ext) The highest log index the node has applied.
     #[serde(default)]
     pub last_applied: Option<u64>,
+    /// (ext) The cluster's id, `None` until the node has applied it.
+    #[serde(default)]
+    pub cluster_id: Option<String>,
 }
 
 /// `POST /topics/:name` (API.md §3).
@@ -582,6 +585,7 @@ mod tests {
         };
         assert_eq!(info.leader_address, None);
         assert_eq!(info.role, None);
+        assert_eq!(info.cluster_id, None);
     }
 
     #[test]

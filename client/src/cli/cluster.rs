@@ -12,8 +12,9 @@ pub(super) async fn run(client: &Client, output: &Output) -> Result<(), CliError
     };
     let role = info.role.as_deref().unwrap_or("?");
     let applied = info.last_applied.map(|a| format!("   applied {a}")).unwrap_or_default();
+    let cluster = info.cluster_id.as_deref().unwrap_or("not known yet");
     let human = format!(
-        "node     {} ({role})\nleader   {leader}\nterm     {}\ncommit   {}{applied}\npeers    {}",
+        "cluster  {cluster}\nnode     {} ({role})\nleader   {leader}\nterm     {}\ncommit   {}{applied}\npeers    {}",
         info.node_id,
         info.raft_term,
         info.commit_index,
