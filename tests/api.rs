@@ -925,3 +925,62 @@ async fn a_raft_peer_of_another_cluster_is_refused() {
     let r = raft(&id).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "on to the upgrade: {r:?}");
 }
+
+/// A topic records at most 10,000 cursors. A subscriber with none of its own that subscribes
+/// to a full topic is told so right after `subscribed`, and its acks are refused (counted in
+/// `/metrics`); forgetting one cursor makes room for the next subscriber.
+#[tokio::test]
+async fn a_full_topic_tells_a_new_subscriber_its_acks_are_not_recorded() {
+    const FULL: usize = 10_000;
+    const OPENERS: usize = 16;
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/full"), "").await.unwrap();
+    post(&format!("{l}/topics/full/messages"), &json!({"payload": 1})).await.unwrap();
+    let urls = c.urls();
+    let openers: Vec<_> = (0..OPENERS)
+        .map(|k| {
+            let url = urls[k % urls.len()].clone();
+            tokio::spawn(async move {
+                for i in (k..FULL).step_by(OPENERS) {
+                    let mut ws = ws_connect(&url, &format!("/topics/full/subscribe?subscriber_id=s{i}&cursor=0")).await;
+                    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+                    ws.send(Message::Text(r#"{"type":"ack","sequence":1}"#.into())).await.unwrap();
+                    ws.close(None).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for opener in openers {
+        opener.await.unwrap();
+    }
+    wait_until("every cursor recorded", Duration::from_secs(30), || async {
+        let (_, b) = http::get_json(&format!("{l}/topics/full/subscribers")).await.ok()?;
+        let list = b["subscribers"].as_array()?;
+        (list.len() == FULL && list.iter().all(|s| s["acked_sequence"] == 1)).then_some(())
+    })
+    .await;
+
+    let mut late = ws_connect(&l, "/topics/full/subscribe?subscriber_id=late&cursor=0").await;
+    assert_eq!(next_frame(&mut late).await["subtype"], "subscribed");
+    let notice = next_frame(&mut late).await;
+    assert_eq!(
+        (&notice["subtype"], &notice["subscriber_id"], &notice["recorded_cursors_max"]),
+        (&json!("acks_not_recorded"), &json!("late"), &json!(FULL))
+    );
+    assert_eq!(next_frame(&mut late).await["sequence"], 1, "the subscription goes on");
+    late.send(Message::Text(r#"{"type":"ack","sequence":1}"#.into())).await.unwrap();
+    wait_until("the refused ack counted", Duration::from_secs(10), || async {
+        let text = http::client().get(format!("{l}/metrics")).send().await.ok()?.text().await.ok()?;
+        text.lines().any(|line| line == "pubsub_acks_refused_total 1").then_some(())
+    })
+    .await;
+
+    let r = delete(&format!("{l}/topics/full/subscribers/s0")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let mut next = ws_connect(&l, "/topics/full/subscribe?subscriber_id=next&cursor=0").await;
+    assert_eq!(next_frame(&mut next).await["subtype"], "subscribed");
+    assert_eq!(next_frame(&mut next).await["sequence"], 1, "no notice once there is room");
+    next.send(Message::Text(r#"{"type":"ack","sequence":1}"#.into())).await.unwrap();
+    wait_acked(&l, "full", "next", 1).await;
+}

@@ -95,6 +95,11 @@ impl StoreReader {
         self.cluster_id.get().map(String::as_str)
     }
 
+    /// Recorded cursors of a topic (by its id), as the state machine counts them.
+    pub fn cursor_count(&self, topic_id: u64) -> u64 {
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).cursor_counts.get(&topic_id).copied().unwrap_or(0)
+    }
+
     /// A topic's record, including deleted ones (check `deleted`).
     pub fn topic(&self, name: &str) -> Option<TopicRecord> {
         self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).cloned()

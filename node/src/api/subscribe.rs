@@ -6,6 +6,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
+use raft_store::limits::CURSORS_PER_TOPIC_MAX;
 
 use super::input;
 use super::topics::active;
@@ -53,7 +54,11 @@ pub async fn subscribe(
     let upgrade = upgrade.map_err(|_| {
         ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
     })?;
-    let session = Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start };
+    // Told up front when its acks cannot be recorded (its topic holds the most recorded cursors
+    // it may, none of them its own). A read failing during a snapshot install tells nothing.
+    let acks_refused = app.reader.cursor_count(record.id) >= CURSORS_PER_TOPIC_MAX
+        && matches!(app.reader.cursor(record.id, &subscriber_id), Ok(None));
+    let session = Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
         return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     };

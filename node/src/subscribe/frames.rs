@@ -1,6 +1,7 @@
 //! The JSON frames a subscriber receives (API.md §5). Message frames are assembled from the
 //! stored payload bytes without parsing them again.
 
+use raft_store::limits::CURSORS_PER_TOPIC_MAX;
 use raft_store::StoredMessage;
 use serde_json::json;
 
@@ -42,6 +43,13 @@ pub fn message(topic: &str, sequence: u64, message: &StoredMessage) -> String {
 pub fn subscribed(topic: &str, cursor: u64, subscriber_id: &str) -> String {
     json!({"type": "control", "subtype": "subscribed", "topic": topic, "cursor": cursor, "subscriber_id": subscriber_id})
         .to_string()
+}
+
+/// Sent right after `subscribed` when the topic has no room to record this subscriber's acks.
+pub fn acks_not_recorded(topic: &str, subscriber_id: &str) -> String {
+    json!({"type": "control", "subtype": "acks_not_recorded", "topic": topic, "subscriber_id": subscriber_id,
+           "recorded_cursors_max": CURSORS_PER_TOPIC_MAX})
+    .to_string()
 }
 
 pub fn messages_expired(topic: &str, requested_cursor: u64, first_available_sequence: u64) -> String {

@@ -39,6 +39,8 @@ pub struct Session {
     /// (a delete and a re-create there would otherwise go unannounced).
     pub feed: watch::Receiver<raft_store::TopicSignal>,
     pub deletions_at_start: u64,
+    /// Its topic had no room to record this subscriber's cursor when it subscribed.
+    pub acks_refused: bool,
 }
 
 /// Frames a subscriber may send.
@@ -239,6 +241,9 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
     let leaders = leader_changes(server);
     tokio::pin!(leaders);
     out.send_all([frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
+    if s.acks_refused {
+        out.send_all([frames::acks_not_recorded(&s.topic, &s.subscriber_id)]).await?;
+    }
 
     loop {
         let signal = *watch.borrow_and_update();
