@@ -83,6 +83,14 @@ pub enum Event {
         /// The new leader's id `node-N`.
         new_leader_id: Option<String>,
     },
+    /// Right after (re)subscribing: the topic holds `recorded_cursors_max` recorded cursors,
+    /// none of them this subscriber's, so its acks are not recorded and resuming with
+    /// [`crate::Cursor::Acked`] starts from the beginning. Forgetting unused subscribers'
+    /// cursors (`DELETE /topics/:name/subscribers/:id`) makes room. The stream goes on.
+    AcksNotRecorded {
+        /// The most recorded cursors a topic may hold.
+        recorded_cursors_max: u64,
+    },
 }
 
 /// Acknowledges messages of a [`Subscription`]; cheap to clone and usable from any task.

@@ -386,6 +386,11 @@ pub(crate) enum ControlFrame {
         new_leader: Option<String>,
         new_leader_id: Option<String>,
     },
+    /// The topic holds the most recorded cursors it may, none of them this subscriber's: its
+    /// acks are not recorded (API.md §7, `GET /topics/:name/subscribers`).
+    AcksNotRecorded {
+        recorded_cursors_max: u64,
+    },
     /// A control subtype this client does not know; skipped.
     Unknown,
 }
@@ -406,6 +411,7 @@ enum ControlSubtype {
     MessagesExpired,
     TopicDeleted,
     LeaderChange,
+    AcksNotRecorded,
     #[serde(other)]
     Unknown,
 }
@@ -429,6 +435,7 @@ struct WireFrame {
     first_available_sequence: Option<u64>,
     new_leader: Option<String>,
     new_leader_id: Option<String>,
+    recorded_cursors_max: Option<u64>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
@@ -463,6 +470,9 @@ impl TryFrom<WireFrame> for ServerFrame {
                 ControlSubtype::LeaderChange => {
                     ControlFrame::LeaderChange { new_leader: w.new_leader, new_leader_id: w.new_leader_id }
                 }
+                ControlSubtype::AcksNotRecorded => ControlFrame::AcksNotRecorded {
+                    recorded_cursors_max: w.recorded_cursors_max.ok_or_else(|| missing("recorded_cursors_max"))?,
+                },
                 ControlSubtype::Unknown => ControlFrame::Unknown,
             }),
         })
@@ -535,6 +545,11 @@ mod tests {
             ServerFrame::Control(ControlFrame::LeaderChange { new_leader: Some("h:1".into()), new_leader_id: None })
         );
         assert_eq!(frame(json!({"type":"control","subtype":"heartbeat"})), ServerFrame::Control(ControlFrame::Unknown));
+        assert_eq!(
+            frame(json!({"type":"control","subtype":"acks_not_recorded","topic":"t","subscriber_id":"s",
+                         "recorded_cursors_max":10000})),
+            ServerFrame::Control(ControlFrame::AcksNotRecorded { recorded_cursors_max: 10000 })
+        );
         assert_eq!(frame(json!({"type":"stats","x":1})), ServerFrame::Unknown);
     }
 

@@ -135,6 +135,17 @@ async fn print_events(
                         "new_leader_id": new_leader_id}))?;
                 }
             }
+            Some(Ok(Event::AcksNotRecorded { recorded_cursors_max })) => {
+                output.note(&format!(
+                    "acks are not recorded: topic {} holds {recorded_cursors_max} recorded cursors (forget unused ones with DELETE /topics/{}/subscribers/ID)",
+                    sub.topic(),
+                    sub.topic()
+                ));
+                if output.json && show == Show::Full {
+                    output.json_line(&json!({"type": "acks_not_recorded", "topic": sub.topic(),
+                        "recorded_cursors_max": recorded_cursors_max}))?;
+                }
+            }
             Some(Ok(Event::TopicDeleted)) => {
                 output.note(&format!("topic {} was deleted", sub.topic()));
                 if output.json && show == Show::Full {

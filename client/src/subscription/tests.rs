@@ -227,6 +227,9 @@ fn sequences(events: &[Result<Event, Error>]) -> Vec<String> {
             Ok(Event::TopicDeleted) => "deleted".into(),
             Ok(Event::Expired { first_available_sequence, .. }) => format!("expired->{first_available_sequence}"),
             Ok(Event::LeaderChange { .. }) => "leader".into(),
+            Ok(Event::AcksNotRecorded { recorded_cursors_max }) => {
+                format!("acks not recorded ({recorded_cursors_max})")
+            }
             Err(Error::SequenceGap { last_delivered, received, .. }) => format!("gap {last_delivered}->{received}"),
             Err(e) => format!("error {e}"),
         })
@@ -372,6 +375,25 @@ async fn expiry_and_leader_change_are_events_and_update_the_leader_cache() {
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events), vec!["expired->5", "5", "leader", "6", "deleted"]);
     assert_eq!(client.cached_leader(), Some("http://10.1.1.1:8080/".to_string()));
+}
+
+#[tokio::test]
+async fn a_topic_with_no_room_for_our_cursor_is_an_event_and_the_stream_goes_on() {
+    let node = ws_node(Shared::default(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(
+            &mut socket,
+            json!({"type": "control", "subtype": "acks_not_recorded", "topic": "t", "subscriber_id": "s",
+                   "recorded_cursors_max": 10000}),
+        )
+        .await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let events = collect(subscribe_from_start(&client).await, false).await;
+    assert_eq!(sequences(&events), vec!["acks not recorded (10000)", "1", "deleted"]);
 }
 
 /// A node that answers every subscription `404 topic_not_found` (one behind, or the topic gone).

@@ -82,6 +82,9 @@ impl Tracker {
             ServerFrame::Control(ControlFrame::LeaderChange { new_leader, new_leader_id }) => {
                 Step::Emit(Event::LeaderChange { new_leader, new_leader_id })
             }
+            ServerFrame::Control(ControlFrame::AcksNotRecorded { recorded_cursors_max }) => {
+                Step::Emit(Event::AcksNotRecorded { recorded_cursors_max })
+            }
             ServerFrame::Control(ControlFrame::Unknown) | ServerFrame::Unknown => Step::Skip,
         }
     }
