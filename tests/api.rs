@@ -930,7 +930,7 @@ async fn a_raft_peer_of_another_cluster_is_refused() {
 /// to a full topic is told so right after `subscribed`, and its acks are refused (counted in
 /// `/metrics`); forgetting one cursor makes room for the next subscriber.
 #[tokio::test]
-async fn a_full_topic_tells_a_new_subscriber_its_acks_are_not_recorded() {
+async fn a_full_topic_tells_its_subscribers_their_acks_are_not_recorded() {
     const FULL: usize = 10_000;
     const OPENERS: usize = 16;
     let c = Cluster::start(Options::default()).await;
@@ -938,6 +938,10 @@ async fn a_full_topic_tells_a_new_subscriber_its_acks_are_not_recorded() {
     post_raw(&format!("{l}/topics/full"), "").await.unwrap();
     post(&format!("{l}/topics/full/messages"), &json!({"payload": 1})).await.unwrap();
     let urls = c.urls();
+    // Subscribers connect to every node: each must have applied the topic first.
+    for url in &urls {
+        wait_applied(url, "full", 1).await;
+    }
     let openers: Vec<_> = (0..OPENERS)
         .map(|k| {
             let url = urls[k % urls.len()].clone();
@@ -969,18 +973,43 @@ async fn a_full_topic_tells_a_new_subscriber_its_acks_are_not_recorded() {
         (&json!("acks_not_recorded"), &json!("late"), &json!(FULL))
     );
     assert_eq!(next_frame(&mut late).await["sequence"], 1, "the subscription goes on");
-    late.send(Message::Text(r#"{"type":"ack","sequence":1}"#.into())).await.unwrap();
-    wait_until("the refused ack counted", Duration::from_secs(10), || async {
-        let text = http::client().get(format!("{l}/metrics")).send().await.ok()?.text().await.ok()?;
-        text.lines().any(|line| line == "pubsub_acks_refused_total 1").then_some(())
-    })
-    .await;
+    let ack = |sequence: u64| Message::Text(format!(r#"{{"type":"ack","sequence":{sequence}}}"#).into());
+    late.send(ack(1)).await.unwrap();
+    wait_refused(&l, 1).await;
 
     let r = delete(&format!("{l}/topics/full/subscribers/s0")).await.unwrap();
     assert_eq!(r.status, 200, "{r:?}");
     let mut next = ws_connect(&l, "/topics/full/subscribe?subscriber_id=next&cursor=0").await;
     assert_eq!(next_frame(&mut next).await["subtype"], "subscribed");
     assert_eq!(next_frame(&mut next).await["sequence"], 1, "no notice once there is room");
-    next.send(Message::Text(r#"{"type":"ack","sequence":1}"#.into())).await.unwrap();
+    // Another one subscribes while there is room; the topic fills before it acks.
+    let mut mid = ws_connect(&l, "/topics/full/subscribe?subscriber_id=mid&cursor=0").await;
+    assert_eq!(next_frame(&mut mid).await["subtype"], "subscribed");
+    assert_eq!(next_frame(&mut mid).await["sequence"], 1, "no notice while there is room");
+    next.send(ack(1)).await.unwrap();
     wait_acked(&l, "full", "next", 1).await;
+
+    mid.send(ack(1)).await.unwrap();
+    wait_refused(&l, 2).await;
+    // Told at its next ack, once.
+    post(&format!("{l}/topics/full/messages"), &json!({"payload": 2})).await.unwrap();
+    assert_eq!(next_frame(&mut mid).await["sequence"], 2);
+    mid.send(ack(2)).await.unwrap();
+    let notice = next_frame(&mut mid).await;
+    assert_eq!((&notice["subtype"], &notice["subscriber_id"]), (&json!("acks_not_recorded"), &json!("mid")));
+    wait_refused(&l, 3).await;
+    mid.send(ack(2)).await.unwrap();
+    wait_refused(&l, 4).await;
+    post(&format!("{l}/topics/full/messages"), &json!({"payload": 3})).await.unwrap();
+    assert_eq!(next_frame(&mut mid).await["sequence"], 3, "told once, the subscription goes on");
+}
+
+/// Waits until `node` counted `n` acks refused.
+async fn wait_refused(node: &str, n: u64) {
+    let line = format!("pubsub_acks_refused_total {n}");
+    wait_until("the refused acks counted", Duration::from_secs(10), || async {
+        let text = http::client().get(format!("{node}/metrics")).send().await.ok()?.text().await.ok()?;
+        text.lines().any(|l| l == line).then_some(())
+    })
+    .await;
 }

@@ -3,7 +3,7 @@
 //! [`ACK_FLUSH_INTERVAL`], so a subscriber acking every message costs one Raft entry per
 //! interval for the whole node, not one per ack.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, Weak};
 
 use raft_store::command::AckRecord;
@@ -24,6 +24,9 @@ pub struct AckCoalescer {
     full_reported: std::sync::atomic::AtomicBool,
     /// When acks refused by the cluster were last logged.
     refused_reported_at: Mutex<Option<std::time::Instant>>,
+    /// Subscribers connected here whose acks the cluster refused, to be told at their next
+    /// ack (`acks_not_recorded`); at most [`ACKS_PENDING_MAX`].
+    refused_untold: Mutex<HashSet<(String, String)>>,
 }
 
 impl AckCoalescer {
@@ -51,6 +54,13 @@ impl AckCoalescer {
     fn take(&self) -> HashMap<(String, String), u64> {
         self.full_reported.store(false, std::sync::atomic::Ordering::Relaxed);
         std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether the cluster refused this subscriber's acks since it last asked; asked by its
+    /// session at each ack, so that it tells its client.
+    pub fn take_refusal(&self, topic: &str, subscriber_id: &str) -> bool {
+        let mut untold = self.refused_untold.lock().unwrap_or_else(|e| e.into_inner());
+        !untold.is_empty() && untold.remove(&(topic.to_string(), subscriber_id.to_string()))
     }
 
     /// Puts back acks that failed to commit, unless newer ones arrived meanwhile.
@@ -110,6 +120,25 @@ pub async fn flush(app: &App) {
 /// is recorded once cursors are forgotten.
 fn report_refused(app: &App, refused: &[AckRecord]) {
     app.metrics.acks_refused.inc_by(refused.len() as u64);
+    // The ones still connected here are told by their session (a topic may have filled since
+    // they subscribed). The lock on connections is let go before the other is taken.
+    let connected: Vec<(String, String)> = {
+        let connected = app.connected.lock().unwrap_or_else(|e| e.into_inner());
+        refused
+            .iter()
+            .map(|a| (a.topic.clone(), a.subscriber_id.clone()))
+            .filter(|key| connected.contains_key(key))
+            .collect()
+    };
+    if !connected.is_empty() {
+        let mut untold = app.acks.refused_untold.lock().unwrap_or_else(|e| e.into_inner());
+        for key in connected {
+            if untold.len() >= ACKS_PENDING_MAX {
+                break;
+            }
+            untold.insert(key);
+        }
+    }
     let mut reported_at = app.acks.refused_reported_at.lock().unwrap_or_else(|e| e.into_inner());
     if reported_at.is_some_and(|at| at.elapsed() < ACKS_REFUSED_LOG_INTERVAL) {
         return;
@@ -138,6 +167,15 @@ mod tests {
         let taken = c.take();
         assert_eq!(taken.len(), ACKS_PENDING_MAX);
         assert_eq!(taken[&("t".to_string(), "0".to_string())], 2, "a held pair still takes newer acks");
+    }
+
+    #[test]
+    fn a_refusal_is_taken_once() {
+        let c = AckCoalescer::default();
+        c.refused_untold.lock().unwrap().insert(("t".to_string(), "s".to_string()));
+        assert!(!c.take_refusal("t", "other"));
+        assert!(c.take_refusal("t", "s"));
+        assert!(!c.take_refusal("t", "s"), "told once per refusal");
     }
 
     #[test]

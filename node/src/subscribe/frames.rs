@@ -45,7 +45,8 @@ pub fn subscribed(topic: &str, cursor: u64, subscriber_id: &str) -> String {
         .to_string()
 }
 
-/// Sent right after `subscribed` when the topic has no room to record this subscriber's acks.
+/// Sent right after `subscribed` when the topic has no room to record this subscriber's acks,
+/// or once, later, when it filled before this subscriber's cursor was recorded.
 pub fn acks_not_recorded(topic: &str, subscriber_id: &str) -> String {
     json!({"type": "control", "subtype": "acks_not_recorded", "topic": topic, "subscriber_id": subscriber_id,
            "recorded_cursors_max": CURSORS_PER_TOPIC_MAX})

@@ -100,16 +100,17 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     let (sink, stream) = socket.split();
     let mut out = Outbox::new(sink);
     let client_gone = Arc::new(Notify::new());
+    let acks_refused = Arc::new(Notify::new());
     let listener = tokio::spawn(listen(
         app.clone(),
         stream,
         session.topic.clone(),
         session.subscriber_id.clone(),
         out.heard.clone(),
-        client_gone.clone(),
+        Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone() },
     ));
 
-    let end = serve(&app, &mut out, &session, &client_gone).await;
+    let end = serve(&app, &mut out, &session, &Signals { client_gone, acks_refused }).await;
     listener.abort();
     // No ack is recorded past this point: a stopping node, which waits for every session to
     // get here, can then record the last of them (lib.rs).
@@ -121,6 +122,14 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     }
 }
 
+/// What the listener tells the session's loop.
+struct Signals {
+    /// The client closed or its connection failed.
+    client_gone: Arc<Notify>,
+    /// The cluster refused an ack of this subscriber (its topic filled while it was connected).
+    acks_refused: Arc<Notify>,
+}
+
 /// Reads the client's frames: acks go to the coalescer; anything counts as a sign of life.
 async fn listen(
     app: SharedApp,
@@ -128,13 +137,18 @@ async fn listen(
     topic: String,
     subscriber_id: String,
     heard: Arc<std::sync::Mutex<Instant>>,
-    client_gone: Arc<Notify>,
+    signals: Signals,
 ) {
     while let Some(Ok(message)) = stream.next().await {
         *heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         match message {
             Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
-                Ok(ClientFrame::Ack { sequence }) => app.acks.record(&topic, &subscriber_id, sequence),
+                Ok(ClientFrame::Ack { sequence }) => {
+                    app.acks.record(&topic, &subscriber_id, sequence);
+                    if app.acks.take_refusal(&topic, &subscriber_id) {
+                        signals.acks_refused.notify_one();
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "ignoring an unknown frame from a subscriber")
                 }
@@ -143,7 +157,7 @@ async fn listen(
             _ => {}
         }
     }
-    client_gone.notify_one();
+    signals.client_gone.notify_one();
 }
 
 /// The session's side of the socket, and what it knows of the client's liveness.
@@ -217,13 +231,13 @@ where
     written.map_err(|_| End::Gone)
 }
 
-async fn serve(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone: &Notify) -> End {
-    match serve_inner(app, out, s, client_gone).await {
+async fn serve(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &Signals) -> End {
+    match serve_inner(app, out, s, signals).await {
         Ok(end) | Err(end) => end,
     }
 }
 
-async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone: &Notify) -> Result<End, End> {
+async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &Signals) -> Result<End, End> {
     let mut watch = s.feed.clone();
     let deletions_at_start = s.deletions_at_start;
     let server = app.raft.server_metrics();
@@ -234,8 +248,12 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
     let mut cursor = s.cursor;
     // Created once, not on every turn of the loop: each turn woken by a message would
     // otherwise register and unregister two more waiters (a node's profile showed them).
-    let client_gone = client_gone.notified();
+    let client_gone = signals.client_gone.notified();
     tokio::pin!(client_gone);
+    let acks_refused = signals.acks_refused.notified();
+    tokio::pin!(acks_refused);
+    // Told once per session: at the start, or when its topic fills while it is connected.
+    let mut told_acks_refused = s.acks_refused;
     let shutdown = app.shutdown.cancelled();
     tokio::pin!(shutdown);
     let leaders = leader_changes(server);
@@ -316,6 +334,10 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, client_gone
                 }
             }
             _ = ping.tick() => out.keep_alive().await?,
+            () = &mut acks_refused, if !told_acks_refused => {
+                told_acks_refused = true;
+                out.send_all([frames::acks_not_recorded(&s.topic, &s.subscriber_id)]).await?;
+            }
             () = &mut client_gone => return Ok(End::Gone),
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
