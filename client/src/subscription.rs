@@ -83,8 +83,9 @@ pub enum Event {
         /// The new leader's id `node-N`.
         new_leader_id: Option<String>,
     },
-    /// Right after (re)subscribing: the topic holds `recorded_cursors_max` recorded cursors,
-    /// none of them this subscriber's, so its acks are not recorded and resuming with
+    /// Right after (re)subscribing, or once later when the topic fills before this
+    /// subscriber's first ack is recorded: the topic holds `recorded_cursors_max` recorded
+    /// cursors, none of them this subscriber's, so its acks are not recorded and resuming with
     /// [`crate::Cursor::Acked`] starts from the beginning. Forgetting unused subscribers'
     /// cursors (`DELETE /topics/:name/subscribers/:id`) makes room. The stream goes on.
     AcksNotRecorded {
