@@ -496,3 +496,69 @@ async fn a_node_of_another_cluster_at_a_peer_address_refuses_our_leader() {
     assert_eq!(topics["topics"].as_array().unwrap().len(), 1, "{topics}");
     assert_eq!((&topics["topics"][0]["name"], &topics["topics"][0]["message_count"]), (&json!("theirs"), &json!(1)));
 }
+
+/// A peer cannot make a node hold more than `RAFT_INBOUND_BYTES_MAX` of requests at once:
+/// past it the node stops reading (the peer meets TCP backpressure) until some are answered,
+/// and then reads on. Forwarded writes to a leader whose followers are gone wait for a quorum
+/// until their deadline, holding their bytes all that time.
+#[tokio::test]
+async fn a_node_holds_at_most_its_raft_inbound_budget_of_requests() {
+    use futures_util::SinkExt;
+    use pubsub_node::limits::RAFT_INBOUND_BYTES_MAX;
+    use pubsub_node::raft::codec::{encode, Frame, RpcRequest};
+    use raft_store::command::NewMessage;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    const PAYLOAD_BYTES: usize = 1 << 20;
+    const CONNECTIONS: usize = 2;
+    // Half again the budget, over two connections (each also caps its requests at work).
+    const FRAMES_EACH: usize = RAFT_INBOUND_BYTES_MAX * 3 / 2 / PAYLOAD_BYTES / CONNECTIONS;
+
+    let mut c = Cluster::start(Options::default()).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    for i in (0..3).filter(|&i| i != leader) {
+        c.kill(i);
+    }
+    let url = c.url(leader);
+    let payload = bytes::Bytes::from(format!("\"{}\"", "x".repeat(PAYLOAD_BYTES)));
+    let mut senders = Vec::new();
+    for connection in 0..CONNECTIONS {
+        let mut request = format!("{}/raft", url.replace("http://", "ws://")).into_client_request().unwrap();
+        request.headers_mut().insert("authorization", "Bearer test-secret".parse().unwrap());
+        let (ws, _) = tokio_tungstenite::connect_async(request).await.expect("a peer connects");
+        let payload = payload.clone();
+        senders.push(tokio::spawn(async move {
+            let (mut tx, rx) = ws.split();
+            // Answers are read and dropped, so the node's writes never stall on us.
+            let drain = tokio::spawn(rx.for_each(|_| async {}));
+            for n in 0..FRAMES_EACH {
+                let id = (connection * FRAMES_EACH + n) as u64;
+                let message = NewMessage { id: id.to_string(), timestamp: 0, payload: payload.clone() };
+                let req = raft_store::Request::Publish { topic: "t".into(), messages: vec![message], now_ms: 0 };
+                let frame = encode(&Frame { id, body: RpcRequest::Forward { req } }).unwrap();
+                tx.send(Message::Binary(frame.into())).await.expect("the node reads on");
+            }
+            drain.abort();
+        }));
+    }
+
+    let held = || async {
+        let text = reqwest::get(format!("{url}/metrics")).await.ok()?.text().await.ok()?;
+        text.lines().find_map(|l| l.strip_prefix("pubsub_raft_inbound_bytes ")?.parse::<usize>().ok())
+    };
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let (most_ref, senders_ref, held) = (&most, &senders, &held);
+    wait_until("every request read", Duration::from_secs(60), move || async move {
+        if let Some(bytes) = held().await {
+            assert!(bytes <= RAFT_INBOUND_BYTES_MAX, "{bytes} bytes of requests held");
+            most_ref.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+        senders_ref.iter().all(|s| s.is_finished()).then_some(())
+    })
+    .await;
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let most = most.into_inner();
+    assert!(most >= RAFT_INBOUND_BYTES_MAX - 4 * PAYLOAD_BYTES, "the budget filled: at most {most} bytes were held");
+}
