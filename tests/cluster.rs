@@ -542,14 +542,11 @@ async fn a_node_holds_at_most_its_raft_inbound_budget_of_requests() {
         }));
     }
 
-    let held = || async {
-        let text = reqwest::get(format!("{url}/metrics")).await.ok()?.text().await.ok()?;
-        text.lines().find_map(|l| l.strip_prefix("pubsub_raft_inbound_bytes ")?.parse::<usize>().ok())
-    };
+    let held = || pubsub_tests::http::metric(&url, "pubsub_raft_inbound_bytes");
     let most = std::sync::atomic::AtomicUsize::new(0);
     let (most_ref, senders_ref, held) = (&most, &senders, &held);
     wait_until("every request read", Duration::from_secs(60), move || async move {
-        if let Some(bytes) = held().await {
+        if let Some(bytes) = held().await.map(|bytes| bytes as usize) {
             assert!(bytes <= RAFT_INBOUND_BYTES_MAX, "{bytes} bytes of requests held");
             most_ref.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
         }

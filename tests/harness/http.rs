@@ -36,6 +36,13 @@ pub async fn get(url: &str) -> Result<Reply, reqwest::Error> {
     Ok(reply(client().get(url).send().await?).await)
 }
 
+/// The value of metric `name` (its line `name value`) in `url`'s `/metrics`; `None` when the
+/// node does not answer or does not list it.
+pub async fn metric(url: &str, name: &str) -> Option<u64> {
+    let text = client().get(format!("{url}/metrics")).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
 pub async fn get_json(url: &str) -> Result<(u16, Value), reqwest::Error> {
     let r = get(url).await?;
     Ok((r.status, r.body))

@@ -13,9 +13,12 @@ use raft_store::{Request, Response};
 use crate::app::App;
 use crate::limits::{ACKS_PENDING_MAX, ACKS_PER_COMMAND_MAX, ACKS_REFUSED_LOG_INTERVAL, ACK_FLUSH_INTERVAL};
 
+/// (topic, subscriber id).
+type Key = (String, String);
+
 #[derive(Default)]
 pub struct AckCoalescer {
-    pending: Mutex<HashMap<(String, String), u64>>,
+    pending: Mutex<Pending>,
     /// Held by a flush from its `take` until its acks are committed or put back: the last
     /// flush of a stopping node waits for one in progress instead of finding nothing pending
     /// while that one's acks are in flight, to be put back after Raft has stopped.
@@ -24,17 +27,26 @@ pub struct AckCoalescer {
     full_reported: std::sync::atomic::AtomicBool,
     /// When acks refused by the cluster were last logged.
     refused_reported_at: Mutex<Option<std::time::Instant>>,
+}
+
+/// Under one lock, so that an ack costs one lock and one key.
+#[derive(Default)]
+struct Pending {
+    /// The latest ack of each subscriber, not yet flushed.
+    acks: HashMap<Key, u64>,
     /// Subscribers connected here whose acks the cluster refused, to be told at their next
     /// ack (`acks_not_recorded`); at most [`ACKS_PENDING_MAX`].
-    refused_untold: Mutex<HashSet<(String, String)>>,
+    refused_untold: HashSet<Key>,
 }
 
 impl AckCoalescer {
-    /// Records an ack; the latest one for the pair wins.
-    pub fn record(&self, topic: &str, subscriber_id: &str, sequence: u64) {
+    /// Records an ack; the latest one for the pair wins. True when the cluster refused this
+    /// subscriber's acks since its previous ack: its session then tells the client.
+    pub fn record(&self, topic: &str, subscriber_id: &str, sequence: u64) -> bool {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let key = (topic.to_string(), subscriber_id.to_string());
-        if pending.len() >= ACKS_PENDING_MAX && !pending.contains_key(&key) {
+        let refused = !pending.refused_untold.is_empty() && pending.refused_untold.remove(&key);
+        if pending.acks.len() >= ACKS_PENDING_MAX && !pending.acks.contains_key(&key) {
             // Full (acks of ended subscriptions kept through a long outage): this one is lost;
             // the subscriber sends its latest ack again when it reconnects.
             // Once per flush interval, not once per ack of every subscriber.
@@ -46,28 +58,33 @@ impl AckCoalescer {
                     "acks dropped: {ACKS_PENDING_MAX} acks wait to be recorded"
                 );
             }
-            return;
+            return refused;
         }
-        pending.insert(key, sequence);
+        pending.acks.insert(key, sequence);
+        refused
     }
 
-    fn take(&self) -> HashMap<(String, String), u64> {
+    fn take(&self) -> HashMap<Key, u64> {
         self.full_reported.store(false, std::sync::atomic::Ordering::Relaxed);
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Whether the cluster refused this subscriber's acks since it last asked; asked by its
-    /// session at each ack, so that it tells its client.
-    pub fn take_refusal(&self, topic: &str, subscriber_id: &str) -> bool {
-        let mut untold = self.refused_untold.lock().unwrap_or_else(|e| e.into_inner());
-        !untold.is_empty() && untold.remove(&(topic.to_string(), subscriber_id.to_string()))
+        std::mem::take(&mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).acks)
     }
 
     /// Puts back acks that failed to commit, unless newer ones arrived meanwhile.
-    fn restore(&self, acks: impl IntoIterator<Item = ((String, String), u64)>) {
+    fn restore(&self, acks: impl IntoIterator<Item = (Key, u64)>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         for (key, sequence) in acks {
-            pending.entry(key).or_insert(sequence);
+            pending.acks.entry(key).or_insert(sequence);
+        }
+    }
+
+    /// Marks subscribers whose acks were refused, to be told at their next ack.
+    fn mark_refused(&self, keys: Vec<Key>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            if pending.refused_untold.len() >= ACKS_PENDING_MAX {
+                break;
+            }
+            pending.refused_untold.insert(key);
         }
     }
 }
@@ -122,7 +139,7 @@ fn report_refused(app: &App, refused: &[AckRecord]) {
     app.metrics.acks_refused.inc_by(refused.len() as u64);
     // The ones still connected here are told by their session (a topic may have filled since
     // they subscribed). The lock on connections is let go before the other is taken.
-    let connected: Vec<(String, String)> = {
+    let connected: Vec<Key> = {
         let connected = app.connected.lock().unwrap_or_else(|e| e.into_inner());
         refused
             .iter()
@@ -131,13 +148,7 @@ fn report_refused(app: &App, refused: &[AckRecord]) {
             .collect()
     };
     if !connected.is_empty() {
-        let mut untold = app.acks.refused_untold.lock().unwrap_or_else(|e| e.into_inner());
-        for key in connected {
-            if untold.len() >= ACKS_PENDING_MAX {
-                break;
-            }
-            untold.insert(key);
-        }
+        app.acks.mark_refused(connected);
     }
     let mut reported_at = app.acks.refused_reported_at.lock().unwrap_or_else(|e| e.into_inner());
     if reported_at.is_some_and(|at| at.elapsed() < ACKS_REFUSED_LOG_INTERVAL) {
@@ -172,10 +183,10 @@ mod tests {
     #[test]
     fn a_refusal_is_taken_once() {
         let c = AckCoalescer::default();
-        c.refused_untold.lock().unwrap().insert(("t".to_string(), "s".to_string()));
-        assert!(!c.take_refusal("t", "other"));
-        assert!(c.take_refusal("t", "s"));
-        assert!(!c.take_refusal("t", "s"), "told once per refusal");
+        c.mark_refused(vec![("t".to_string(), "s".to_string())]);
+        assert!(!c.record("t", "other", 1));
+        assert!(c.record("t", "s", 1));
+        assert!(!c.record("t", "s", 2), "told once per refusal");
     }
 
     #[test]

@@ -144,8 +144,7 @@ async fn listen(
         match message {
             Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
                 Ok(ClientFrame::Ack { sequence }) => {
-                    app.acks.record(&topic, &subscriber_id, sequence);
-                    if app.acks.take_refusal(&topic, &subscriber_id) {
+                    if app.acks.record(&topic, &subscriber_id, sequence) {
                         signals.acks_refused.notify_one();
                     }
                 }
