@@ -312,6 +312,73 @@ async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() 
     assert_converged(&c, "t", &acked).await;
 }
 
+/// A `step_down` acts only for the vote it names, so an old one (late, replayed or forged)
+/// cannot make a follower stand against the leader of a later term: a follower sent the hand-over
+/// of a leader two terms back stays a follower, and the cluster its leader and term. Sent the
+/// current leader's vote, the same follower stands at once (the message reaches its Raft).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_step_down_changes_no_leader_and_no_term() {
+    use futures_util::SinkExt;
+    use pubsub_node::raft::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
+    use raft_store::typ::Vote;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let first = c.wait_leader(CONVERGE).await;
+    let first_term = raft_term(&c, first).await;
+    let stale = Vote::new_committed(first_term, c.nodes[first].id);
+    c.kill(first);
+    let leader = c.wait_leader(CONVERGE).await;
+    c.restart(first);
+    assert_eq!(c.wait_leader(CONVERGE).await, leader, "the restarted node follows");
+    let term = raft_term(&c, leader).await;
+    assert!(term > first_term);
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+
+    let mut request = format!("{}/raft", c.url(follower).replace("http://", "ws://")).into_client_request().unwrap();
+    request.headers_mut().insert("authorization", "Bearer test-secret".parse().unwrap());
+    let (mut peer, _) = tokio_tungstenite::connect_async(request).await.expect("a peer connects");
+    let target = c.nodes[follower].id;
+    let step_down = |id: u64, vote: Vote| {
+        let frame = encode(&Frame { id, body: RpcRequest::StepDown { target, vote, elect: true } }).unwrap();
+        Message::Binary(frame.into())
+    };
+    peer.send(step_down(1, stale)).await.unwrap();
+    let reply = loop {
+        match peer.next().await.expect("an answer").unwrap() {
+            Message::Binary(bytes) => break decode::<RpcResponse>(&bytes).unwrap(),
+            _ => continue,
+        }
+    };
+    assert!(matches!(reply.body, RpcResponse::SteppedDown), "{reply:?}");
+
+    // The step-down went to the follower's Raft before this publish's entries did: once it has
+    // applied the publish, it has handled the step-down.
+    let l = c.url(leader);
+    let r = post(&format!("{l}/topics/t/messages"), &json!({"id": "after-stale", "payload": 1})).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let f = c.url(follower);
+    wait_until("the follower applies the publish", CONVERGE, || async {
+        let (s, b) = pubsub_tests::http::get_json(&format!("{f}/topics/t")).await.ok()?;
+        (s == 200 && b["current_sequence"].as_u64()? >= 1).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        let info = c.cluster_info(i).await.expect("cluster info");
+        assert_eq!(info["raft_term"].as_u64(), Some(term), "node {i} moved to another term: {info}");
+        assert_eq!(info["leader_id"], format!("node-{}", c.nodes[leader].id), "node {i}: {info}");
+    }
+
+    // The control: the current leader's own vote makes the same follower stand.
+    let current = Vote::new_committed(term, c.nodes[leader].id);
+    peer.send(step_down(2, current)).await.unwrap();
+    wait_until("the follower stands for election", CONVERGE, || async {
+        (c.cluster_info(follower).await?["raft_term"].as_u64()? > term).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
     let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
