@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use pubsub_tests::http::{self, delete, get, post, post_raw};
-use pubsub_tests::{wait_until, Cluster, Options};
+use pubsub_tests::{wait_applied, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -25,14 +25,6 @@ async fn follower_url(c: &Cluster) -> String {
 }
 
 /// Waits until node `url` has applied `topic` up to `sequence`.
-async fn wait_applied(url: &str, topic: &str, sequence: u64) {
-    wait_until("follower applies", Duration::from_secs(10), || async {
-        let (s, b) = http::get_json(&format!("{url}/topics/{topic}")).await.ok()?;
-        (s == 200 && b["current_sequence"].as_u64()? >= sequence).then_some(())
-    })
-    .await
-}
-
 /// Waits until `url` lists `subscriber` of `topic` with `sequence` acked; returns the entry.
 async fn wait_acked(url: &str, topic: &str, subscriber: &str, sequence: u64) -> Value {
     wait_until("ack listed", Duration::from_secs(10), || async {

@@ -321,7 +321,6 @@ async fn a_stale_step_down_changes_no_leader_and_no_term() {
     use futures_util::SinkExt;
     use pubsub_node::raft::codec::{decode, encode, Frame, RpcRequest, RpcResponse};
     use raft_store::typ::Vote;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
     let mut c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
@@ -336,9 +335,7 @@ async fn a_stale_step_down_changes_no_leader_and_no_term() {
     assert!(term > first_term);
     let follower = (0..3).find(|&i| i != leader).unwrap();
 
-    let mut request = format!("{}/raft", c.url(follower).replace("http://", "ws://")).into_client_request().unwrap();
-    request.headers_mut().insert("authorization", "Bearer test-secret".parse().unwrap());
-    let (mut peer, _) = tokio_tungstenite::connect_async(request).await.expect("a peer connects");
+    let mut peer = c.raft_peer(follower).await;
     let target = c.nodes[follower].id;
     let step_down = |id: u64, vote: Vote| {
         let frame = encode(&Frame { id, body: RpcRequest::StepDown { target, vote, elect: true } }).unwrap();
@@ -358,12 +355,7 @@ async fn a_stale_step_down_changes_no_leader_and_no_term() {
     let l = c.url(leader);
     let r = post(&format!("{l}/topics/t/messages"), &json!({"id": "after-stale", "payload": 1})).await.unwrap();
     assert_eq!(r.status, 201, "{r:?}");
-    let f = c.url(follower);
-    wait_until("the follower applies the publish", CONVERGE, || async {
-        let (s, b) = pubsub_tests::http::get_json(&format!("{f}/topics/t")).await.ok()?;
-        (s == 200 && b["current_sequence"].as_u64()? >= 1).then_some(())
-    })
-    .await;
+    pubsub_tests::wait_applied(&c.url(follower), "t", 1).await;
     for i in 0..3 {
         let info = c.cluster_info(i).await.expect("cluster info");
         assert_eq!(info["raft_term"].as_u64(), Some(term), "node {i} moved to another term: {info}");
@@ -574,7 +566,6 @@ async fn a_node_holds_at_most_its_raft_inbound_budget_of_requests() {
     use pubsub_node::limits::RAFT_INBOUND_BYTES_MAX;
     use pubsub_node::raft::codec::{encode, Frame, RpcRequest};
     use raft_store::command::NewMessage;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
     const PAYLOAD_BYTES: usize = 1 << 20;
     const CONNECTIONS: usize = 2;
@@ -590,9 +581,7 @@ async fn a_node_holds_at_most_its_raft_inbound_budget_of_requests() {
     let payload = bytes::Bytes::from(format!("\"{}\"", "x".repeat(PAYLOAD_BYTES)));
     let mut senders = Vec::new();
     for connection in 0..CONNECTIONS {
-        let mut request = format!("{}/raft", url.replace("http://", "ws://")).into_client_request().unwrap();
-        request.headers_mut().insert("authorization", "Bearer test-secret".parse().unwrap());
-        let (ws, _) = tokio_tungstenite::connect_async(request).await.expect("a peer connects");
+        let ws = c.raft_peer(leader).await;
         let payload = payload.clone();
         senders.push(tokio::spawn(async move {
             let (mut tx, rx) = ws.split();

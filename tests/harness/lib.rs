@@ -19,6 +19,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
+/// A WebSocket to a node's `/raft` ([`Cluster::raft_peer`]).
+pub type RaftPeer = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
 /// Polls `check` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
 pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -35,6 +38,15 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until the node at `url` has applied `topic` up to `sequence`.
+pub async fn wait_applied(url: &str, topic: &str, sequence: u64) {
+    wait_until("the node applies the topic's messages", Duration::from_secs(10), || async {
+        let (s, b) = http::get_json(&format!("{url}/topics/{topic}")).await.ok()?;
+        (s == 200 && b["current_sequence"].as_u64()? >= sequence).then_some(())
+    })
+    .await
 }
 
 /// The `pubsub-node` binary: `PUBSUB_NODE_BIN`, else next to this test's `deps/` directory.
@@ -178,6 +190,16 @@ impl Cluster {
 
     pub fn url(&self, i: usize) -> String {
         format!("http://{}", self.nodes[i].addr)
+    }
+
+    /// A connection to node `i`'s `/raft`, as a peer holding the cluster's secret.
+    pub async fn raft_peer(&self, i: usize) -> RaftPeer {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = format!("ws://{}/raft", self.nodes[i].addr).into_client_request().unwrap();
+        if let Some(secret) = &self.options.secret {
+            request.headers_mut().insert("authorization", format!("Bearer {secret}").parse().unwrap());
+        }
+        tokio_tungstenite::connect_async(request).await.expect("a peer connects").0
     }
 
     pub fn urls(&self) -> Vec<String> {
