@@ -6,8 +6,11 @@
 //! leader), crashes with restarts from the same data dir, clean stops of the leader (which hands
 //! over), message delay and clock jumps.
 //! Clients publish with retries that keep the id, and subscribe with reconnects that resume
-//! from their last sequence. After the faults stop and the network heals, every node's log and
-//! every client observation go through `History::check`.
+//! from their last sequence. An observer asks every node for its role and term every
+//! [`OBSERVE_EVERY`], so that two leaders seen in one term fail the run. After the faults stop
+//! and the network heals, every node's log and every client observation go through
+//! `History::check`. The clean stops are counted with the hand-overs they made, and the CI
+//! seeds must include hand-overs whose successor stood.
 //!
 //! Everything is built with `--cfg tokio_unstable` (`.cargo/config.toml`), so turmoil seeds
 //! tokio's own RNG too and a seed replays exactly; without that flag these tests are ignored.
@@ -15,21 +18,24 @@
 //! `SIM_SEEDS=500 scripts/sim.sh many_seeds` runs more, and `SIM_SEED=1234 scripts/sim.sh
 //! ci_seeds_three_nodes` replays one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use futures_util::StreamExt;
 use pubsub_node::{Config, Env};
 use pubsub_tests::history::{History, Observed, SubscriberRun};
-use pubsub_tests::sim::{request, websocket, SimClock, SimDialer, SimListener};
+use pubsub_tests::sim::{handovers, request, websocket, SimClock, SimDialer, SimListener};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 const TOPIC: &str = "sim";
+/// How often the observer asks every node for its role and term.
+const OBSERVE_EVERY: Duration = Duration::from_millis(50);
 
 struct Scenario {
     seed: u64,
@@ -224,9 +230,33 @@ fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Pat
     NodeHandles { offsets, stops }
 }
 
+/// What one seeded scenario did.
+struct Run {
+    /// What the clients and the observer saw.
+    history: History,
+    /// Clean stops of the node the publishers last found leading.
+    stops: usize,
+    /// The hand-overs those stops made.
+    handovers: handovers::Counts,
+}
+
+/// Asks node `i` for its role every [`OBSERVE_EVERY`] until `done`, recording each term in
+/// which it said it led.
+async fn observe_leaders(i: usize, leaders: Arc<Mutex<BTreeMap<u64, BTreeSet<String>>>>, done: Arc<AtomicBool>) {
+    while !done.load(Ordering::SeqCst) {
+        if let Ok((200, info)) = request(&host(i), "GET", "/cluster", None).await {
+            if let (Some("leader"), Some(term)) = (info["role"].as_str(), info["raft_term"].as_u64()) {
+                leaders.lock().unwrap().entry(term).or_default().insert(host(i));
+            }
+        }
+        tokio::time::sleep(OBSERVE_EVERY).await;
+    }
+}
+
 /// Runs one seeded scenario and returns what the clients observed.
-fn run(s: &Scenario) -> Result<History, String> {
+fn run(s: &Scenario) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    handovers::reset();
     let mut sim = new_sim(s.seed);
     let NodeHandles { offsets, stops } = add_nodes(&mut sim, s.nodes, dir.path());
 
@@ -273,6 +303,14 @@ fn run(s: &Scenario) -> Result<History, String> {
             while !published.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            Ok(())
+        });
+    }
+    let leaders = Arc::new(Mutex::new(BTreeMap::new()));
+    {
+        let (nodes, leaders, published) = (s.nodes, leaders.clone(), published.clone());
+        sim.client("observer", async move {
+            join_all((0..nodes).map(|i| observe_leaders(i, leaders.clone(), published.clone()))).await;
             Ok(())
         });
     }
@@ -330,7 +368,7 @@ fn run(s: &Scenario) -> Result<History, String> {
                 down.push((victim, until));
             }
             // A clean stop, of the node the publishers last found leading: it hands over.
-            6..=9 if down.len() < minority && cut.is_none() => {
+            6..=11 if down.len() < minority && cut.is_none() => {
                 let leader = *leader_hint.lock().unwrap();
                 if !down.iter().any(|(i, _)| *i == leader) {
                     stops[leader].notify_one();
@@ -339,7 +377,7 @@ fn run(s: &Scenario) -> Result<History, String> {
                     down.push((leader, until));
                 }
             }
-            10..=21 if cut.is_none() && down.is_empty() => {
+            12..=23 if cut.is_none() && down.is_empty() => {
                 for j in (0..s.nodes).filter(|&j| j != victim) {
                     if rng.gen_bool(0.25) {
                         sim.partition_oneway(host(victim), host(j));
@@ -351,12 +389,12 @@ fn run(s: &Scenario) -> Result<History, String> {
                 trace.push(format!("{now:?} cut {} until {until:?}", host(victim)));
                 cut = Some((victim, until));
             }
-            22..=24 => {
+            24..=26 => {
                 let jump = rng.gen_range(-3_600_000i64..3_600_000);
                 offsets[victim].fetch_add(jump, Ordering::Relaxed);
                 trace.push(format!("{now:?} clock {} {jump:+}ms", host(victim)));
             }
-            25..=28 => {
+            27..=30 => {
                 let ms = rng.gen_range(1..60);
                 sim.set_max_message_latency(Duration::from_millis(ms));
                 trace.push(format!("{now:?} latency up to {ms}ms"));
@@ -392,6 +430,7 @@ fn run(s: &Scenario) -> Result<History, String> {
     let mut history = history.lock().unwrap().clone();
     history.logs = logs.lock().unwrap().clone();
     history.subscriptions = runs.lock().unwrap().clone();
+    history.leaders = leaders.lock().unwrap().clone();
     if history.logs.len() != s.nodes {
         return Err(format!(
             "seed {}: only {} nodes answered after healing\ntrace: {trace:?}",
@@ -412,7 +451,8 @@ fn run(s: &Scenario) -> Result<History, String> {
         ));
     }
     eprintln!("seed {}: {} faults: {}", s.seed, trace.len(), trace.join(", "));
-    Ok(history)
+    let stops = trace.iter().filter(|t| t.contains(" stop ")).count();
+    Ok(Run { history, stops, handovers: handovers::counts() })
 }
 
 fn scenario(seed: u64, nodes: usize) -> Scenario {
@@ -424,39 +464,60 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
-fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) {
+/// Runs every seed and fails with all the failing ones; returns the hand-overs of all runs.
+fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) -> handovers::Counts {
     let mut failures = Vec::new();
+    let (mut stops, mut total) = (0, handovers::Counts::default());
     for seed in seeds {
         match run(&scenario(seed, nodes)) {
-            Ok(h) => eprintln!(
-                "seed {seed} ({nodes} nodes): ok, {} acked, {} subscriber connections",
-                h.acked.len(),
-                h.subscriptions.len()
-            ),
+            Ok(r) => {
+                eprintln!(
+                    "seed {seed} ({nodes} nodes): ok, {} acked, {} subscriber connections, {} terms with a leader seen, \
+                     {} stops of the leader: {} handed over, {} successors stood",
+                    r.history.acked.len(),
+                    r.history.subscriptions.len(),
+                    r.history.leaders.len(),
+                    r.stops,
+                    r.handovers.handed,
+                    r.handovers.stood,
+                );
+                stops += r.stops;
+                total += r.handovers;
+            }
             Err(e) => failures.push(e),
         }
     }
+    eprintln!("{stops} stops of the leader: {} handed over, {} successors stood", total.handed, total.stood);
     assert!(
         failures.is_empty(),
         "{} seeds failed (replay one with SIM_NODES={nodes} SIM_SEEDS=1 SIM_SEEDS_FROM=<seed> scripts/sim.sh many_seeds):\n{}",
         failures.len(),
         failures.join("\n\n")
     );
+    total
+}
+
+/// The CI seeds stop the leader cleanly, and those stops must show hand-overs that ran to the
+/// end: a successor that stood at once. A hand-over broken so that it never reaches the
+/// successor would otherwise pass, the voters electing after their timeout as usual.
+fn assert_handed_over(counts: handovers::Counts) {
+    assert!(counts.handed > 0 && counts.stood > 0, "no clean stop handed leadership over: {counts:?}");
 }
 
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn ci_seeds_three_nodes() {
     if let Some(seed) = env_number("SIM_SEED") {
-        return check_seeds([seed], 3);
+        check_seeds([seed], 3);
+        return;
     }
-    check_seeds(1..=6, 3);
+    assert_handed_over(check_seeds(1..=6, 3));
 }
 
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn ci_seeds_five_nodes() {
-    check_seeds(101..=103, 5);
+    assert_handed_over(check_seeds(101..=103, 5));
 }
 
 /// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000), on clusters of
@@ -476,8 +537,8 @@ fn many_seeds() {
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn same_seed_same_history() {
-    let a = run(&scenario(7, 3)).expect("seed 7");
-    let b = run(&scenario(7, 3)).expect("seed 7 again");
+    let a = run(&scenario(7, 3)).expect("seed 7").history;
+    let b = run(&scenario(7, 3)).expect("seed 7 again").history;
     assert_eq!(a.acked, b.acked, "a seed must replay exactly");
     assert_eq!(a.logs, b.logs);
 }
@@ -569,6 +630,89 @@ fn a_follower_cut_off_and_healed_does_not_unseat_the_leader() {
     for info in &after {
         assert_eq!(info["raft_term"], json!(term), "a term rose: {after:?}");
     }
+}
+
+/// A leader of five stopped cleanly while one of its voters is cut off hands over without
+/// waiting for that voter: the successor is told as soon as two others have taken the
+/// step-down (with its own vote, three of five), and leads the next term well before any
+/// follower's lease and election timeout (500 ms) would have let one stand. When the successor
+/// waited for every voter, it was told only after the cut-off voter's RPC timed out (1 s).
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
+    const NODES: usize = 5;
+    /// Shorter than the followers' lease and shortest election timeout.
+    const HANDED_OVER_WITHIN: Duration = Duration::from_millis(300);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(1);
+    let NodeHandles { stops, .. } = add_nodes(&mut sim, NODES, dir.path());
+    // Set by the client: the leader to cut a follower from, then the leader to stop.
+    let cut_from: Arc<Mutex<Option<usize>>> = Arc::default();
+    let cut_done = Arc::new(AtomicBool::new(false));
+    let stop: Arc<Mutex<Option<usize>>> = Arc::default();
+    /// The leader the remaining voters agree on after the stop, and when.
+    struct Successor {
+        old_term: u64,
+        node: usize,
+        term: u64,
+        after_stop: Duration,
+    }
+    let outcome: Arc<Mutex<Option<Successor>>> = Arc::default();
+    {
+        let (cut_from, cut_done, stop, outcome) = (cut_from.clone(), cut_done.clone(), stop.clone(), outcome.clone());
+        sim.client("client", async move {
+            let (leader, term) = wait_agreed_leader(NODES).await;
+            *cut_from.lock().unwrap() = Some(leader);
+            while !cut_done.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // A write the cut-off voter misses, so that it is not the successor.
+            while !matches!(request(&host(leader), "POST", &format!("/topics/{TOPIC}"), None).await, Ok((201, _))) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let stopped = tokio::time::Instant::now();
+            *stop.lock().unwrap() = Some(leader);
+            let cut_off = (leader + 1) % NODES;
+            let reachable: Vec<usize> = (0..NODES).filter(|&i| i != leader && i != cut_off).collect();
+            loop {
+                let mut named = BTreeSet::new();
+                for &i in &reachable {
+                    if let Ok((_, info)) = request(&host(i), "GET", "/cluster", None).await {
+                        named.insert((info["leader_id"].as_str().map(String::from), info["raft_term"].as_u64()));
+                    }
+                }
+                if let (1, Some((Some(new_leader), Some(new_term)))) = (named.len(), named.first()) {
+                    let id: usize = new_leader.trim_start_matches("node-").parse().expect("node id");
+                    if *new_term > term {
+                        let successor = Successor { old_term: term, node: id - 1, term: *new_term, after_stop: stopped.elapsed() };
+                        *outcome.lock().unwrap() = Some(successor);
+                        return Ok(());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        if let Some(leader) = cut_from.lock().unwrap().take() {
+            let cut_off = (leader + 1) % NODES;
+            for j in (0..NODES).filter(|&j| j != cut_off) {
+                sim.partition(host(cut_off), host(j));
+            }
+            cut_done.store(true, Ordering::SeqCst);
+        }
+        if let Some(leader) = stop.lock().unwrap().take() {
+            stops[leader].notify_one();
+        }
+    }
+    let Successor { old_term: term, node, term: new_term, after_stop } = outcome.lock().unwrap().take().expect("a new leader");
+    eprintln!("node{} led term {new_term} {after_stop:?} after the stop of the leader of term {term}", node + 1);
+    assert_eq!(new_term, term + 1, "the successor won the first election after the stop");
+    assert!(
+        after_stop < HANDED_OVER_WITHIN,
+        "node{} led term {new_term} {after_stop:?} after the stop: not handed over at once",
+        node + 1
+    );
 }
 
 /// A client that sends part of a request's headers and then nothing is cut off after the

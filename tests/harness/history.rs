@@ -7,9 +7,11 @@
 //! - every node serves the same (sequence → id) order (no fork);
 //! - sequences are contiguous from the first retained one;
 //! - no subscriber connection saw a gap (without a `messages_expired` notice) or a duplicate,
-//!   and what it saw matches the log.
+//!   and what it saw matches the log;
+//! - no two nodes were seen leading in the same term (Raft's election safety), when the
+//!   history holds what an observer saw of each node's role.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 /// What happened, as seen from outside.
@@ -21,6 +23,8 @@ pub struct History {
     pub logs: BTreeMap<String, Vec<(u64, String)>>,
     /// Each subscriber connection's observations, in order of arrival.
     pub subscriptions: Vec<SubscriberRun>,
+    /// Term → the nodes an observer saw leading in it (empty when nobody watched).
+    pub leaders: BTreeMap<u64, BTreeSet<String>>,
 }
 
 /// One subscriber connection.
@@ -53,6 +57,7 @@ pub enum Violation {
     SubscriberGap { subscription: String, after: u64, next: u64 },
     SubscriberDuplicate { subscription: String, sequence: u64 },
     SubscriberMismatch { subscription: String, sequence: u64, saw: String, log: String },
+    TwoLeaders { term: u64, nodes: Vec<String> },
 }
 
 impl fmt::Display for Violation {
@@ -65,6 +70,11 @@ impl History {
     /// Every violation found (empty when the history is correct).
     pub fn check(&self) -> Vec<Violation> {
         let mut out = Vec::new();
+        for (term, nodes) in &self.leaders {
+            if nodes.len() > 1 {
+                out.push(Violation::TwoLeaders { term: *term, nodes: nodes.iter().cloned().collect() });
+            }
+        }
         let reference = self.logs.iter().max_by_key(|(_, log)| log.len());
         for (node, log) in &self.logs {
             for pair in log.windows(2) {
@@ -203,6 +213,16 @@ mod tests {
         assert!(v.contains(&Violation::SubscriberDuplicate { subscription: "s".into(), sequence: 2 }));
         assert!(v.contains(&Violation::SubscriberGap { subscription: "gap".into(), after: 1, next: 3 }));
         assert_eq!(v.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn two_leaders_in_one_term_are_reported_but_one_leader_per_term_is_not() {
+        let mut h = good();
+        h.leaders.insert(1, ["n1".to_string()].into());
+        h.leaders.insert(2, ["n2".to_string()].into());
+        assert_eq!(h.check(), vec![]);
+        h.leaders.insert(3, ["n1".to_string(), "n2".to_string()].into());
+        assert_eq!(h.check(), vec![Violation::TwoLeaders { term: 3, nodes: vec!["n1".into(), "n2".into()] }]);
     }
 
     #[test]

@@ -371,7 +371,7 @@ pub async fn assert_converged(
     let log = logs.values().next().cloned().unwrap_or_default();
     assert_eq!(log.first().map(|(seq, _)| *seq).unwrap_or(1), 1, "sequences start at 1");
     let history =
-        history::History { acked: acked.iter().map(|(k, v)| (k.clone(), *v)).collect(), logs, subscriptions: vec![] };
+        history::History { acked: acked.iter().map(|(k, v)| (k.clone(), *v)).collect(), logs, ..Default::default() };
     let violations = history.check();
     assert!(violations.is_empty(), "violations: {violations:?}");
     log

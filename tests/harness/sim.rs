@@ -89,3 +89,97 @@ pub async fn websocket(host: &str, path: &str) -> Result<SimWs, String> {
     };
     tokio::time::timeout(Duration::from_secs(3), connect).await.map_err(|_| "timeout".to_string())?
 }
+
+/// Counts what the simulated nodes log about leader hand-overs (raft/handover.rs), so that a
+/// simulation can show its clean stops did hand over. Counted per thread: turmoil runs every
+/// host on the thread that steps the simulation, so a thread's count is its own run's.
+pub mod handovers {
+    use std::cell::Cell;
+    use std::fmt::Debug;
+    use std::sync::Once;
+
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    /// The hand-overs of one run.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct Counts {
+        /// Stopping leaders whose successor took the hand-over.
+        pub handed: usize,
+        /// Successors that still followed the stopped leader and stood at once.
+        pub stood: usize,
+    }
+
+    impl std::ops::AddAssign for Counts {
+        fn add_assign(&mut self, other: Counts) {
+            self.handed += other.handed;
+            self.stood += other.stood;
+        }
+    }
+
+    /// The events counted, as (target, message): the stopping leader's, and its successor's.
+    const HANDED: (&str, &str) = ("pubsub_node::raft::handover", "handed leadership over");
+    const STOOD: (&str, &str) = ("openraft::core::raft_core", "the leader stepped down and hands over");
+
+    thread_local! {
+        static COUNTS: Cell<Counts> = const { Cell::new(Counts { handed: 0, stood: 0 }) };
+    }
+
+    /// Counts from zero on this thread (installing the counter as the global subscriber the
+    /// first time).
+    pub fn reset() {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let counted = filter_fn(|m| m.is_event() && (m.target() == HANDED.0 || m.target() == STOOD.0));
+            // Another subscriber set by the test binary wins; the counts then stay at zero.
+            let _ = tracing_subscriber::registry().with(Counter.with_filter(counted)).try_init();
+        });
+        COUNTS.set(Counts::default());
+    }
+
+    /// This thread's counts since [`reset`].
+    pub fn counts() -> Counts {
+        COUNTS.get()
+    }
+
+    struct Counter;
+
+    impl<S: tracing::Subscriber> Layer<S> for Counter {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            let seen = (event.metadata().target(), fields.message.as_str());
+            let mut counts = COUNTS.get();
+            if seen == HANDED {
+                counts.handed += 1;
+            } else if seen == STOOD && fields.elect {
+                counts.stood += 1;
+            }
+            COUNTS.set(counts);
+        }
+    }
+
+    /// The fields of an event that [`Counter`] reads.
+    #[derive(Default)]
+    struct Fields {
+        message: String,
+        elect: bool,
+    }
+
+    impl Visit for Fields {
+        fn record_bool(&mut self, field: &Field, value: bool) {
+            if field.name() == "elect" {
+                self.elect = value;
+            }
+        }
+
+        fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+            if field.name() == "message" {
+                self.message = format!("{value:?}");
+            }
+        }
+    }
+}

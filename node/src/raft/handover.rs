@@ -8,8 +8,9 @@
 //! 2. The caller stops Raft: from then on the leader sends nothing, so no heartbeat renews its
 //!    lease behind the hand-over.
 //! 3. [`Handover::run`]: tell the other voters that the leader stepped down (they stop waiting
-//!    out its lease, which would make them refuse every vote), then the successor, which stands
-//!    at once and gets their votes.
+//!    out its lease, which would make them refuse every vote), then, as soon as enough of them
+//!    have taken it to elect the successor, the successor, which stands at once and gets their
+//!    votes. A dead voter does not hold the successor back for its timeout.
 //!
 //! Safety does not rest on any of this: a vote is still granted only to a candidate whose log
 //! is at least as up to date, once per term. If the hand-over fails (the successor died, or
@@ -17,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use raft_store::typ::{Raft, Vote};
 use raft_store::NodeId;
 
@@ -34,6 +35,9 @@ pub struct Handover {
     successor: (NodeId, String),
     /// Every other voter but this node.
     others: Vec<(NodeId, String)>,
+    /// How many of `others` must take the step-down before the successor can win: with its own
+    /// vote they make a majority of the voters (this node's included, which votes for nobody).
+    others_needed: usize,
 }
 
 /// When this node leads a cluster with other voters: waits up to [`HANDOVER_CATCH_UP_TIMEOUT`]
@@ -52,8 +56,15 @@ pub async fn prepare(raft: &Raft, me: NodeId) -> Option<Handover> {
     let (successor, _) = successor(&metrics, me)?;
     let membership = metrics.membership_config.membership();
     let address = |id: NodeId| membership.get_node(&id).map(|node| (id, node.addr.clone()));
+    let voters = membership.voter_ids().count();
     let others = membership.voter_ids().filter(|&id| id != me && id != successor).filter_map(address).collect();
-    Some(Handover { vote: metrics.vote, successor: address(successor)?, others })
+    Some(Handover { vote: metrics.vote, successor: address(successor)?, others, others_needed: others_needed(voters) })
+}
+
+/// Of `voters` (the stopping leader and the successor included), how many others must stop
+/// waiting out the leader's lease for the successor to win: a majority less its own vote.
+fn others_needed(voters: usize) -> usize {
+    voters / 2
 }
 
 /// The voter other than `me` whose replicated log reaches furthest, with that index (`None`
@@ -69,22 +80,38 @@ fn successor(metrics: &openraft::RaftMetrics<NodeId, raft_store::Node>, me: Node
 }
 
 impl Handover {
-    /// Tells the voters that this leader stepped down, the successor last. Call once this
-    /// node's Raft has stopped. Failures are logged: the voters then elect as usual.
-    pub async fn run(self, peers: &PeerPool) {
+    /// Tells the voters that this leader stepped down: the others first, then the successor
+    /// once enough of them took it (the rest are still told, alongside). Call once this node's
+    /// Raft has stopped. Returns whether the successor took it; failures are logged, and the
+    /// voters then elect as usual.
+    pub async fn run(self, peers: &PeerPool) -> bool {
         let vote = self.vote;
         let step_down = |(id, addr): (NodeId, String), elect: bool| async move {
             let request = RpcRequest::StepDown { target: id, vote, elect };
-            if let Err(e) = peers.conn(id, &addr).call(request, HANDOVER_RPC_TIMEOUT).await {
-                tracing::warn!(node = id, error = %e, "could not tell a voter that this leader stepped down");
+            match peers.conn(id, &addr).call(request, HANDOVER_RPC_TIMEOUT).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(node = id, error = %e, "could not tell a voter that this leader stepped down");
+                    false
+                }
             }
         };
         // The others first: had the successor's vote request reached them before, they would
         // have refused it on the lease.
-        join_all(self.others.into_iter().map(|peer| step_down(peer, false))).await;
+        let mut others: FuturesUnordered<_> = self.others.into_iter().map(|peer| step_down(peer, false)).collect();
+        let mut told = 0;
+        while told < self.others_needed {
+            match others.next().await {
+                Some(took) => told += usize::from(took),
+                None => break,
+            }
+        }
         let successor = self.successor.0;
-        step_down(self.successor, true).await;
-        tracing::info!(successor, %vote, "handed leadership over");
+        let (took, _) = futures_util::join!(step_down(self.successor, true), others.collect::<Vec<_>>());
+        if took {
+            tracing::info!(successor, %vote, others_told = told, "handed leadership over");
+        }
+        took
     }
 }
 
@@ -115,6 +142,14 @@ mod tests {
         assert_eq!(successor(&metrics(1, &[(2, Some(7)), (3, None)]), 1), Some((2, Some(7))));
         // Equally far: the lower id, so the choice does not depend on map order.
         assert_eq!(successor(&metrics(2, &[(1, Some(4)), (3, Some(4))]), 2), Some((1, Some(4))));
+    }
+
+    #[test]
+    fn the_successor_waits_for_a_majority_with_its_own_vote() {
+        // 3 voters: the successor and one other; 5: the successor and two others.
+        assert_eq!(others_needed(3), 1);
+        assert_eq!(others_needed(4), 2);
+        assert_eq!(others_needed(5), 2);
     }
 
     #[test]

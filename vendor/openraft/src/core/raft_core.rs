@@ -1303,7 +1303,7 @@ where
                             tracing::info!(%vote, elect, "the leader stepped down and hands over");
                             self.engine.lease_released = Some(vote);
                             if elect && self.engine.state.membership_state.effective().is_voter(&self.id) {
-                                self.engine.elect();
+                                self.elect_now();
                             }
                         }
                     }

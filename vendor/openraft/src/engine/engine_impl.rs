@@ -95,7 +95,8 @@ where C: RaftTypeConfig
     /// PATCHED (pubsub-raft): the vote of a leader that said it stopped and handed over
     /// (`ExternalCommand::LeaderSteppedDown`). While this node's vote is still that one, its
     /// lease is not waited out: the leader sends nothing more, so the vote of its successor is
-    /// granted at once instead of an election timeout later.
+    /// granted at once instead of an election timeout later. Never cleared: it is only ever
+    /// compared with the node's current vote, and a vote, once left, never comes back.
     pub(crate) lease_released: Option<Vote<C::NodeId>>,
 
     /// PATCHED (pubsub-raft): pre-vote rounds started so far (each round's id).
