@@ -125,6 +125,8 @@ pub const PUBLISH_WS_FRAME_BYTES_MAX: usize = 1024 * 1024 + 64 * 1024;
 
 // API.md §1: a payload of exactly 1 MiB is accepted, so its frame must be too.
 const _: () = assert!(PUBLISH_WS_FRAME_BYTES_MAX > 1024 * 1024);
+// The in-flight budget holds the largest frame (checked when compiling).
+const _: () = assert!(PUBLISH_WS_FRAME_BYTES_MAX < PUBLISH_WS_INFLIGHT_BYTES_MAX);
 
 /// WebSockets (subscriptions, `--transport ws` publishers) `pubsub bench` opens at once.
 /// Each is an upgrade and, for a subscription, a first frame; opened one by one, 1,000
@@ -155,7 +157,6 @@ mod tests {
 
     #[test]
     fn the_publish_budget_holds_the_largest_frame_and_splits_evenly_into_slots() {
-        assert!(PUBLISH_WS_FRAME_BYTES_MAX < PUBLISH_WS_INFLIGHT_BYTES_MAX);
         assert_eq!(PUBLISH_WS_INFLIGHT_BYTES_MAX % PUBLISH_WS_INFLIGHT_MAX, 0);
         // A semaphore's permits are u32.
         assert!(u32::try_from(PUBLISH_WS_INFLIGHT_BYTES_MAX).is_ok());

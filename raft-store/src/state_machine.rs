@@ -530,7 +530,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // pair the new map with a signal from before it: load, let readers back and notify
         // under the feeds lock, as apply does.
         let mut watchers = feeds.lock();
-        let loaded = installed.and_then(|()| self.load().map_err(read_err));
+        let loaded = match installed {
+            Ok(()) => self.load().map_err(read_err),
+            Err(e) => Err(e),
+        };
         // Raised above unless the copy failed; installs never overlap (`&mut self`). A failed
         // install stops the node (openraft takes a storage error as fatal).
         if self.installs.load(Ordering::SeqCst) % 2 == 1 {

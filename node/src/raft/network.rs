@@ -573,6 +573,8 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let seen = seen.clone();
+                // The callback's signature (and its large error type) is tungstenite's.
+                #[allow(clippy::result_large_err)]
                 let record = move |request: &tokio_tungstenite::tungstenite::handshake::server::Request, response| {
                     let header =
                         |name| request.headers().get(name).map(|v: &HeaderValue| v.to_str().unwrap().to_string());
