@@ -684,7 +684,8 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
                 if let (1, Some((Some(new_leader), Some(new_term)))) = (named.len(), named.first()) {
                     let id: usize = new_leader.trim_start_matches("node-").parse().expect("node id");
                     if *new_term > term {
-                        let successor = Successor { old_term: term, node: id - 1, term: *new_term, after_stop: stopped.elapsed() };
+                        let successor =
+                            Successor { old_term: term, node: id - 1, term: *new_term, after_stop: stopped.elapsed() };
                         *outcome.lock().unwrap() = Some(successor);
                         return Ok(());
                     }
@@ -705,7 +706,8 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
             stops[leader].notify_one();
         }
     }
-    let Successor { old_term: term, node, term: new_term, after_stop } = outcome.lock().unwrap().take().expect("a new leader");
+    let Successor { old_term: term, node, term: new_term, after_stop } =
+        outcome.lock().unwrap().take().expect("a new leader");
     eprintln!("node{} led term {new_term} {after_stop:?} after the stop of the leader of term {term}", node + 1);
     assert_eq!(new_term, term + 1, "the successor won the first election after the stop");
     assert!(
