@@ -24,7 +24,6 @@ async fn follower_url(c: &Cluster) -> String {
     c.url((leader + 1) % c.nodes.len())
 }
 
-/// Waits until node `url` has applied `topic` up to `sequence`.
 /// Waits until `url` lists `subscriber` of `topic` with `sequence` acked; returns the entry.
 async fn wait_acked(url: &str, topic: &str, subscriber: &str, sequence: u64) -> Value {
     wait_until("ack listed", Duration::from_secs(10), || async {

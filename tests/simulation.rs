@@ -253,6 +253,20 @@ async fn observe_leaders(i: usize, leaders: Arc<Mutex<BTreeMap<u64, BTreeSet<Str
     }
 }
 
+/// Cuts node `i` off from every other node, both ways (`nodes` in all).
+fn cut_off(sim: &mut turmoil::Sim<'static>, nodes: usize, i: usize) {
+    for j in (0..nodes).filter(|&j| j != i) {
+        sim.partition(host(i), host(j));
+    }
+}
+
+/// Lets node `i` reach every other node again, after [`cut_off`] or one-way cuts.
+fn heal(sim: &mut turmoil::Sim<'static>, nodes: usize, i: usize) {
+    for j in (0..nodes).filter(|&j| j != i) {
+        sim.repair(host(i), host(j));
+    }
+}
+
 /// Runs one seeded scenario and returns what the clients observed.
 fn run(s: &Scenario) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -347,9 +361,7 @@ fn run(s: &Scenario) -> Result<Run, String> {
         });
         if let Some((i, until)) = cut {
             if now >= until || !faults_on {
-                for j in (0..s.nodes).filter(|&j| j != i) {
-                    sim.repair(host(i), host(j));
-                }
+                heal(&mut sim, s.nodes, i);
                 trace.push(format!("{now:?} heal {}", host(i)));
                 cut = None;
             }
@@ -543,10 +555,10 @@ fn same_seed_same_history() {
     assert_eq!(a.logs, b.logs);
 }
 
-/// The leader every node names, as (index, term), once they all agree.
-async fn agreed_leader(nodes: usize) -> Option<(usize, u64)> {
+/// The leader every node of `nodes` names, as (index, term), once they all agree.
+async fn agreed_leader(nodes: impl IntoIterator<Item = usize>) -> Option<(usize, u64)> {
     let mut seen = None;
-    for i in 0..nodes {
+    for i in nodes {
         let (_, info) = request(&host(i), "GET", "/cluster", None).await.ok()?;
         let leader = info["leader_id"].as_str()?.to_string();
         let term = info["raft_term"].as_u64()?;
@@ -562,7 +574,7 @@ async fn agreed_leader(nodes: usize) -> Option<(usize, u64)> {
 /// [`agreed_leader`], asked every 100 ms until every node names the same one.
 async fn wait_agreed_leader(nodes: usize) -> (usize, u64) {
     loop {
-        if let Some(found) = agreed_leader(nodes).await {
+        if let Some(found) = agreed_leader(0..nodes).await {
             return found;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -610,15 +622,11 @@ fn a_follower_cut_off_and_healed_does_not_unseat_the_leader() {
         match (known, cut) {
             (Some((leader, _)), None) => {
                 let follower = (leader + 1) % NODES;
-                for j in (0..NODES).filter(|&j| j != follower) {
-                    sim.partition(host(follower), host(j));
-                }
+                cut_off(&mut sim, NODES, follower);
                 cut = Some((follower, now));
             }
             (Some(_), Some((follower, at))) if now >= at + CUT && !healed.load(Ordering::SeqCst) => {
-                for j in (0..NODES).filter(|&j| j != follower) {
-                    sim.repair(host(follower), host(j));
-                }
+                heal(&mut sim, NODES, follower);
                 healed.store(true, Ordering::SeqCst);
             }
             _ => {}
@@ -675,17 +683,10 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
             let cut_off = (leader + 1) % NODES;
             let reachable: Vec<usize> = (0..NODES).filter(|&i| i != leader && i != cut_off).collect();
             loop {
-                let mut named = BTreeSet::new();
-                for &i in &reachable {
-                    if let Ok((_, info)) = request(&host(i), "GET", "/cluster", None).await {
-                        named.insert((info["leader_id"].as_str().map(String::from), info["raft_term"].as_u64()));
-                    }
-                }
-                if let (1, Some((Some(new_leader), Some(new_term)))) = (named.len(), named.first()) {
-                    let id: usize = new_leader.trim_start_matches("node-").parse().expect("node id");
-                    if *new_term > term {
+                if let Some((node, new_term)) = agreed_leader(reachable.iter().copied()).await {
+                    if new_term > term {
                         let successor =
-                            Successor { old_term: term, node: id - 1, term: *new_term, after_stop: stopped.elapsed() };
+                            Successor { old_term: term, node, term: new_term, after_stop: stopped.elapsed() };
                         *outcome.lock().unwrap() = Some(successor);
                         return Ok(());
                     }
@@ -696,10 +697,7 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
     }
     while !sim.step().expect("simulation step") {
         if let Some(leader) = cut_from.lock().unwrap().take() {
-            let cut_off = (leader + 1) % NODES;
-            for j in (0..NODES).filter(|&j| j != cut_off) {
-                sim.partition(host(cut_off), host(j));
-            }
+            cut_off(&mut sim, NODES, (leader + 1) % NODES);
             cut_done.store(true, Ordering::SeqCst);
         }
         if let Some(leader) = stop.lock().unwrap().take() {
@@ -804,9 +802,7 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     while !sim.step().expect("simulation step") {
         if let Some(leader) = *leader_found.lock().unwrap() {
             if !cut.swap(true, Ordering::SeqCst) {
-                for j in (0..NODES).filter(|&j| j != leader) {
-                    sim.partition(host(leader), host(j));
-                }
+                cut_off(&mut sim, NODES, leader);
             }
         }
     }

@@ -33,11 +33,8 @@ pub struct Handover {
     vote: Vote,
     /// The voter that stands for election: `(id, Raft address)`.
     successor: (NodeId, String),
-    /// Every other voter but this node.
+    /// Every voter but this node and the successor.
     others: Vec<(NodeId, String)>,
-    /// How many of `others` must take the step-down before the successor can win: with its own
-    /// vote they make a majority of the voters (this node's included, which votes for nobody).
-    others_needed: usize,
 }
 
 /// When this node leads a cluster with other voters: waits up to [`HANDOVER_CATCH_UP_TIMEOUT`]
@@ -56,13 +53,13 @@ pub async fn prepare(raft: &Raft, me: NodeId) -> Option<Handover> {
     let (successor, _) = successor(&metrics, me)?;
     let membership = metrics.membership_config.membership();
     let address = |id: NodeId| membership.get_node(&id).map(|node| (id, node.addr.clone()));
-    let voters = membership.voter_ids().count();
     let others = membership.voter_ids().filter(|&id| id != me && id != successor).filter_map(address).collect();
-    Some(Handover { vote: metrics.vote, successor: address(successor)?, others, others_needed: others_needed(voters) })
+    Some(Handover { vote: metrics.vote, successor: address(successor)?, others })
 }
 
 /// Of `voters` (the stopping leader and the successor included), how many others must stop
-/// waiting out the leader's lease for the successor to win: a majority less its own vote.
+/// waiting out the leader's lease for the successor to win: a majority less its own vote (the
+/// stopping leader votes for nobody).
 fn others_needed(voters: usize) -> usize {
     voters / 2
 }
@@ -98,9 +95,10 @@ impl Handover {
         };
         // The others first: had the successor's vote request reached them before, they would
         // have refused it on the lease.
+        let needed = others_needed(self.others.len() + 2);
         let mut others: FuturesUnordered<_> = self.others.into_iter().map(|peer| step_down(peer, false)).collect();
         let mut told = 0;
-        while told < self.others_needed {
+        while told < needed {
             match others.next().await {
                 Some(took) => told += usize::from(took),
                 None => break,
