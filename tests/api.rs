@@ -106,6 +106,20 @@ async fn topics_lifecycle_follows_the_contract() {
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
     let r = post(&format!("{l}/topics/x"), &json!({"metadata": 5})).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
+    // Metadata follows the payload rules: nested 100 deep is kept and reads back (`GET` wraps
+    // it one level deeper), 101 is refused; before, up to serde_json's own 127 was stored and
+    // every read of the topic then failed in serde_json readers.
+    let nested =
+        |depth: usize| format!(r#"{{"metadata": {{"a": {}1{}}}}}"#, "[".repeat(depth - 1), "]".repeat(depth - 1));
+    let r = post_raw(&format!("{l}/topics/deep"), nested(100)).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = get(&format!("{l}/topics/deep")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body["metadata"]["a"].is_array(), "{r:?}");
+    let r = post_raw(&format!("{l}/topics/deeper"), nested(101)).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    assert!(r.body["message"].as_str().unwrap().contains("metadata nests deeper"), "{r:?}");
+    assert_eq!(delete(&format!("{l}/topics/deep")).await.unwrap().status, 200);
 
     // Publish two, delete, and the topic is gone everywhere.
     for id in ["m1", "m2"] {
@@ -499,6 +513,15 @@ async fn a_recorded_cursor_can_be_forgotten() {
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{r:?}");
     let r = delete(&format!("{l}/topics/t/subscribers/{}", "x".repeat(300))).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    let r = delete(&format!("{l}/topics/t/subscribers/%FF")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    // API.md §7's order: the name first, the topic's existence before the id.
+    for bad_name in ["", "%FF"] {
+        let r = delete(&format!("{l}/topics/{bad_name}/subscribers/a")).await.unwrap();
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_topic_name"), "{bad_name}: {r:?}");
+    }
+    let r = delete(&format!("{l}/topics/none/subscribers/{}", "x".repeat(300))).await.unwrap();
+    assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{r:?}");
 }
 
 #[tokio::test]

@@ -69,6 +69,15 @@ impl TopicSignal {
     }
 }
 
+/// A topic's watch, and the topic as it was when the watch was made.
+pub struct TopicWatch {
+    pub feed: watch::Receiver<TopicSignal>,
+    /// The topic's record; `None` when it has never existed.
+    pub record: Option<TopicRecord>,
+    /// The watch's value at the same moment as `record`.
+    pub signal: TopicSignal,
+}
+
 /// The registry of topic watches, shared by the state machine (sender side) and the node.
 pub struct Feeds {
     watchers: Mutex<HashMap<String, watch::Sender<TopicSignal>>>,
@@ -85,25 +94,27 @@ impl Default for Feeds {
 impl Feeds {
     /// Watches `topic`. The receiver sees every change applied after this call.
     pub fn watch_topic(&self, topics: &RwLock<Topics>, topic: &str) -> watch::Receiver<TopicSignal> {
-        self.watch_topic_with_record(topics, topic).0
+        self.watch_topic_with_record(topics, topic).feed
     }
 
-    /// Watches `topic`, and its record as of the watch's first value: both read under the
-    /// watchers lock, which `apply` and snapshot installs hold while they change topics and
-    /// signal, so no change can fall between the read and the subscription.
-    pub fn watch_topic_with_record(
-        &self,
-        topics: &RwLock<Topics>,
-        topic: &str,
-    ) -> (watch::Receiver<TopicSignal>, Option<TopicRecord>) {
+    /// Watches `topic`, with its record and the watch's signal as of the same moment: both
+    /// read under the watchers lock, which `apply` and snapshot installs hold while they
+    /// change topics and signal, so no change can fall between the read and the subscription.
+    pub fn watch_topic_with_record(&self, topics: &RwLock<Topics>, topic: &str) -> TopicWatch {
         let mut watchers = self.lock();
         let record = topics.read().unwrap_or_else(|e| e.into_inner()).by_name.get(topic).cloned();
-        if let Some(sender) = watchers.get(topic) {
-            return (sender.subscribe(), record);
-        }
-        let (sender, receiver) = watch::channel(TopicSignal::of(record.as_ref()));
-        watchers.insert(topic.to_string(), sender);
-        (receiver, record)
+        let feed = match watchers.get(topic) {
+            Some(sender) => sender.subscribe(),
+            None => {
+                let (sender, receiver) = watch::channel(TopicSignal::of(record.as_ref()));
+                watchers.insert(topic.to_string(), sender);
+                receiver
+            }
+        };
+        // Read here, not by the caller later: a deletion applied in between would count in
+        // the baseline, and a subscriber of the old topic would never hear of it.
+        let signal = *feed.borrow();
+        TopicWatch { feed, record, signal }
     }
 
     /// Watches the applied log index.

@@ -38,7 +38,7 @@ pub mod typ;
 
 pub use command::{NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
 pub use error::StoreError;
-pub use feeds::{Feeds, TopicSignal};
+pub use feeds::{Feeds, TopicSignal, TopicWatch};
 pub use log_store::{FsyncObserver, IoMode, LogFiles, LogStore};
 pub use reader::{StoreReader, StoredMessage};
 pub use state_machine::StateMachine;

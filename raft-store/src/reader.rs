@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::command::TopicRecord;
 use crate::db::cf;
-use crate::feeds::{Feeds, TopicSignal};
+use crate::feeds::{Feeds, TopicSignal, TopicWatch};
 use crate::keys::{decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, SM_CFS};
 use crate::limits::{READ_BYTES_MAX, READ_MESSAGES_MAX};
 use crate::rules::{MessageMeta, Topics};
@@ -239,8 +239,8 @@ impl StoreReader {
         self.feeds.watch_topic(&self.topics, topic)
     }
 
-    /// [`StoreReader::watch_topic`], with the topic's record as of the watch's first value.
-    pub fn watch_topic_with_record(&self, topic: &str) -> (watch::Receiver<TopicSignal>, Option<TopicRecord>) {
+    /// [`StoreReader::watch_topic`], with the topic's record and signal as of the same moment.
+    pub fn watch_topic_with_record(&self, topic: &str) -> TopicWatch {
         self.feeds.watch_topic_with_record(&self.topics, topic)
     }
 

@@ -280,6 +280,39 @@ async fn a_topic_deleted_twice_signals_where_the_first_deletion_ended_it() {
     }
 }
 
+/// A subscription's baseline is the watch's signal at the moment its topic's record was
+/// read, not whatever the watch says once the caller looks: a delete and a re-create applied
+/// in between must count as a deletion after the baseline, or a subscriber of the old topic
+/// is carried into the new one without `topic_deleted` (the node read the count afterwards).
+#[tokio::test]
+async fn a_watch_gives_the_signal_of_the_moment_its_record_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let revive =
+        |now_ms| Request::CreateTopic { topic: "a".into(), metadata: None, retention: Retention::default(), now_ms };
+    store.state_machine.apply([entry(1, create("a")), entry(2, publish("a", "m1"))]).await.unwrap();
+    // An earlier subscriber's watch has counted one deletion already.
+    let _earlier = store.reader.watch_topic("a");
+    let first_life = [entry(3, Request::DeleteTopic { topic: "a".into() }), entry(4, revive(40))];
+    store.state_machine.apply(first_life).await.unwrap();
+    store.state_machine.apply([entry(5, publish("a", "m2"))]).await.unwrap();
+
+    let watch = store.reader.watch_topic_with_record("a");
+    let record = watch.record.clone().unwrap();
+    assert!(!record.deleted);
+    assert_eq!(watch.signal.deletions, 1);
+
+    let second_life = [entry(6, Request::DeleteTopic { topic: "a".into() }), entry(7, revive(50))];
+    store.state_machine.apply(second_life).await.unwrap();
+
+    assert_eq!(watch.signal.current_sequence, record.current_sequence);
+    assert_eq!(watch.signal.created_at, record.created_at);
+    let now = *watch.feed.borrow();
+    assert!(!now.deleted, "created again");
+    assert_eq!(now.deletions - watch.signal.deletions, 1, "the deletion counts after the baseline");
+    assert_eq!(now.deleted_after(watch.signal.deletions), record.current_sequence);
+}
+
 /// A received snapshot with a hole in it (a stretch of zeros, as chunks written at the wrong
 /// offset leave) or cut short is refused before the install touches anything: the follower
 /// keeps its state and restarts cleanly, instead of failing the install again at every start.

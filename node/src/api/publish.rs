@@ -91,7 +91,7 @@ fn ack_mode(query: &HashMap<String, String>) -> Result<AckMode, ApiError> {
 /// compactly (no whitespace between tokens) are taken as they are, without a copy.
 fn payload_bytes(raw: Box<RawValue>) -> Result<Bytes, ApiError> {
     let text: Box<str> = raw.into();
-    let compact = if readable(&text).map_err(ApiError::InvalidRequest)?.spaced {
+    let compact = if readable("payload", &text).map_err(ApiError::InvalidRequest)?.spaced {
         Bytes::from(minify(&text))
     } else {
         Bytes::from(String::from(text))
@@ -128,18 +128,19 @@ fn for_each_byte(text: &str, mut each: impl FnMut(u8, bool)) {
 
 /// What [`readable`] found out about a payload on its way.
 #[derive(Debug)]
-struct Readable {
+pub(crate) struct Readable {
     /// Whitespace lies between tokens: [`minify`] has something to drop.
     spaced: bool,
 }
 
-/// Refuses already-validated JSON that common readers could not read back once stored:
+/// Refuses already-validated JSON (a payload, or a topic's metadata: `what`) that common
+/// readers could not read back once stored:
 /// arrays and objects nested deeper than [`PAYLOAD_DEPTH_MAX`], or a number beyond what an
 /// f64 holds (`1e400` is valid JSON, but serde_json, this project's client among its users,
 /// refuses it, and JavaScript reads it as `Infinity`), or a lone UTF-16 surrogate escape.
 /// One walk over the bytes, the only one a compact payload without `\uD` escapes gets on the
 /// publish path.
-fn readable(text: &str) -> Result<Readable, String> {
+pub(crate) fn readable(what: &str, text: &str) -> Result<Readable, String> {
     let (mut depth, mut deepest, mut spaced) = (0usize, 0usize, false);
     let (mut at, mut number_start, mut too_large) = (0usize, None::<usize>, None::<usize>);
     // The two bytes before this one, to spot a `\uD` escape (see below) in the same walk.
@@ -182,11 +183,11 @@ fn readable(text: &str) -> Result<Readable, String> {
         end_number(start, text.len());
     }
     if deepest > PAYLOAD_DEPTH_MAX {
-        return Err(format!("payload nests deeper than {PAYLOAD_DEPTH_MAX} levels"));
+        return Err(format!("{what} nests deeper than {PAYLOAD_DEPTH_MAX} levels"));
     }
     if let Some(start) = too_large {
         let number: String = text[start..].chars().take_while(|c| !matches!(c, ',' | ']' | '}')).take(40).collect();
-        return Err(format!("payload number {} is beyond the range of a 64-bit float", number.trim()));
+        return Err(format!("{what} number {} is beyond the range of a 64-bit float", number.trim()));
     }
     // The parse at the edge checks a `\u` escape's hex digits, not its pairing: a lone
     // surrogate (`"\ud800"`) would be stored, and a strict reader (this project's client among
@@ -195,7 +196,7 @@ fn readable(text: &str) -> Result<Readable, String> {
     if surrogate_escape {
         if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
             // Valid JSON but for the pairing, so this is the only error left.
-            return Err(format!("payload has a \\u escape of a lone UTF-16 surrogate, which is not Unicode ({e})"));
+            return Err(format!("{what} has a \\u escape of a lone UTF-16 surrogate, which is not Unicode ({e})"));
         }
     }
     Ok(Readable { spaced })
@@ -263,19 +264,26 @@ pub async fn publish(
         app.metrics.count_publish(Outcome::Duplicate, 1);
         return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
-    let payload_len = message.payload.len();
+    // Ids count too: a 256-character id with a payload of `0` is most of its entry.
+    let appended_bytes = message.payload.len() + id.len();
     let request = Request::publish(topic.clone(), vec![message], app.now_ms(), id_generated);
 
     if mode == AckMode::Appended {
-        let Ok(room) = tokio::time::timeout(WRITE_TIMEOUT, app.appended_bytes.take(payload_len)).await else {
+        let Ok(room) = tokio::time::timeout(WRITE_TIMEOUT, app.appended_bytes.take(appended_bytes)).await else {
             return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis()));
         };
-        let receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-        // Keep the id in flight and the bytes counted until the entry resolves, so a quick
-        // retry is a duplicate and appended writes cannot outrun the cluster.
+        let mut receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        // Keep the id in flight for a while, so a quick retry is a duplicate, and the bytes
+        // counted until the entry resolves (committed, or its leader gone: Raft answers every
+        // entry it took), so appended writes cannot outrun the cluster. Letting the bytes go
+        // at a timeout let a slow cluster take another budget's worth every few seconds.
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(WRITE_TIMEOUT, receiver).await;
-            drop((guard, room));
+            let resolved = tokio::time::timeout(WRITE_TIMEOUT, &mut receiver).await;
+            drop(guard);
+            if resolved.is_err() {
+                let _ = receiver.await;
+            }
+            drop(room);
         });
         app.metrics.count_publish(Outcome::Appended, 1);
         let body = PublishAnswer { id: &id, topic: &topic, sequence: None, raft_index: None, committed: false };
@@ -456,39 +464,39 @@ mod tests {
     #[test]
     fn readable_counts_depth_outside_strings_only() {
         let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-        assert!(readable(&nested(PAYLOAD_DEPTH_MAX)).is_ok());
-        assert!(readable(&nested(PAYLOAD_DEPTH_MAX + 1)).is_err());
+        assert!(readable("payload", &nested(PAYLOAD_DEPTH_MAX)).is_ok());
+        assert!(readable("payload", &nested(PAYLOAD_DEPTH_MAX + 1)).is_err());
         let in_string = format!("[\"{}\", \"\\\"{}\"]", "[".repeat(300), "{".repeat(300));
-        assert!(readable(&in_string).is_ok(), "{in_string}");
+        assert!(readable("payload", &in_string).is_ok(), "{in_string}");
     }
 
     #[test]
     fn readable_sees_whitespace_between_tokens_only() {
-        assert!(!readable(r#"{"a":"x y","b":[1,2]}"#).unwrap().spaced);
-        assert!(readable("{\"a\": 1}").unwrap().spaced);
-        assert!(readable("[1,\n2]").unwrap().spaced);
+        assert!(!readable("payload", r#"{"a":"x y","b":[1,2]}"#).unwrap().spaced);
+        assert!(readable("payload", "{\"a\": 1}").unwrap().spaced);
+        assert!(readable("payload", "[1,\n2]").unwrap().spaced);
     }
 
     #[test]
     fn readable_refuses_numbers_past_f64_only() {
         for fine in ["1", "-0.5e10", "1e308", "1e-400", "{\"true\":false,\"e\":[1E3,2]}", "\"1e400\""] {
-            assert!(readable(fine).is_ok(), "{fine}");
+            assert!(readable("payload", fine).is_ok(), "{fine}");
         }
         for too_large in ["1e400", "[1,-2E999]", "{\"a\":{\"b\":1e309}}"] {
-            let refused = readable(too_large).unwrap_err();
+            let refused = readable("payload", too_large).unwrap_err();
             assert!(refused.contains("beyond the range"), "{too_large}: {refused}");
         }
-        assert!(readable(&"9".repeat(400)).is_err());
-        assert!(readable(&"9".repeat(300)).is_ok());
+        assert!(readable("payload", &"9".repeat(400)).is_err());
+        assert!(readable("payload", &"9".repeat(300)).is_ok());
     }
 
     #[test]
     fn readable_refuses_lone_surrogates_only() {
         for fine in [r#""\ud83d\ude00""#, r#""\uD83D\uDE00 \u4e2d""#, r#"{"\\ud800":"\\udc00"}"#, r#""\u00e9d""#] {
-            assert!(readable(fine).is_ok(), "{fine}");
+            assert!(readable("payload", fine).is_ok(), "{fine}");
         }
         for lone in [r#""\ud800""#, r#"["x\uDC00"]"#, r#"{"\ud83d":1}"#, r#""\ud83d\u0041""#] {
-            let refused = readable(lone).unwrap_err();
+            let refused = readable("payload", lone).unwrap_err();
             assert!(refused.contains("surrogate"), "{lone}: {refused}");
         }
     }
@@ -497,7 +505,7 @@ mod tests {
     fn whatever_readable_accepts_the_client_reads_back_inside_a_page() {
         // The deepest envelope around a payload: a read page's `messages[i].payload`.
         let payload = format!("{}1e308{}", "[".repeat(PAYLOAD_DEPTH_MAX), "]".repeat(PAYLOAD_DEPTH_MAX));
-        assert!(readable(&payload).is_ok());
+        assert!(readable("payload", &payload).is_ok());
         let page = format!(r#"{{"messages":[{{"sequence":1,"payload":{payload}}}]}}"#);
         assert!(serde_json::from_str::<serde_json::Value>(&page).is_ok());
     }

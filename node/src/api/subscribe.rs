@@ -28,9 +28,9 @@ pub async fn subscribe(
     // Checked once before the watch is made, so that refused names leave no watch behind,
     // then read with the watch, so the cursor and the session's baseline agree.
     active(&app, &topic)?;
-    let (feed, record) = app.reader.watch_topic_with_record(&topic);
-    let deletions_at_start = feed.borrow().deletions;
-    let record = record.filter(|r| !r.deleted).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))?;
+    let watch = app.reader.watch_topic_with_record(&topic);
+    let (feed, deletions_at_start) = (watch.feed, watch.signal.deletions);
+    let record = watch.record.filter(|r| !r.deleted).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))?;
     let subscriber_id = query
         .get("subscriber_id")
         .cloned()

@@ -37,6 +37,9 @@ fn creation_metadata(body: &[u8]) -> Result<(Option<String>, Retention), ApiErro
     let Some(given) = fields.as_ref().and_then(|f| f.get("metadata")) else {
         return Ok((None, Retention::default()));
     };
+    // The rules payloads follow, so that every reader can read the topic back (`GET` wraps
+    // metadata one level deeper still).
+    super::publish::readable("metadata", given.get()).map_err(ApiError::InvalidRequest)?;
     match serde_json::from_str::<Value>(given.get()) {
         Ok(Value::Null) => Ok((None, Retention::default())),
         Ok(Value::Object(m)) => {
@@ -166,16 +169,19 @@ pub async fn delete(
 /// Forgets a subscriber's recorded cursor (on the leader), answering what it was; 404
 /// `not_found` when none is recorded. A subscriber still connected records a new one with its
 /// next ack.
-pub async fn forget_subscriber(
-    State(app): State<SharedApp>,
-    path: Result<Path<(String, String)>, PathRejection>,
-    uri: Uri,
-) -> Result<Json<Value>, ApiError> {
-    let Path((name, subscriber_id)) = path.map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
+pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result<Json<Value>, ApiError> {
+    // The two segments decoded here rather than by `Path`, which fails on either one alike:
+    // the name is checked first and the id last (API.md §7).
+    let rest = uri.path().strip_prefix("/topics/").unwrap_or_default();
+    let (name, subscriber_id) = rest.split_once("/subscribers/").unwrap_or((rest, ""));
+    let decoded = |segment: &str| percent_encoding::percent_decode_str(segment).decode_utf8().map(|d| d.into_owned());
+    let name = decoded(name).map_err(|_| ApiError::InvalidTopicName(name.to_string()))?;
     let name = input::topic_name(Ok(Path(name)))?;
-    input::id_field("subscriber_id", &subscriber_id)?;
     app.require_leader(&input::path_and_query(&uri))?;
     let record = active(&app, &name)?;
+    let subscriber_id = decoded(subscriber_id)
+        .map_err(|_| ApiError::InvalidRequest(format!("subscriber id {subscriber_id:?} does not decode to UTF-8")))?;
+    input::id_field("subscriber_id", &subscriber_id)?;
     let Some(acked) = app.reader.cursor(record.id, &subscriber_id)? else {
         return Err(ApiError::CursorNotFound { topic: name, subscriber_id });
     };
