@@ -345,9 +345,25 @@ impl SmStore for ApplyBatch<'_> {
     }
 }
 
+/// The file a snapshot is kept in. A received snapshot's id comes from the leader: only
+/// `[A-Za-z0-9_-]` and inner dots are kept as they are, so no id names a file outside the
+/// snapshot directory (`../x`, `/x`). The ids this code makes are kept whole.
+fn snapshot_file_name(snapshot_id: &str) -> String {
+    let safe: String = snapshot_id
+        .chars()
+        .enumerate()
+        .map(|(i, c)| match c {
+            'A'..='Z' | 'a'..='z' | '0'..='9' | '_' | '-' => c,
+            '.' if i > 0 => c,
+            _ => '_',
+        })
+        .collect();
+    format!("{safe}.snap")
+}
+
 impl SnapshotFiles {
     fn path(&self, snapshot_id: &str) -> PathBuf {
-        self.dir.join(format!("{snapshot_id}.snap"))
+        self.dir.join(snapshot_file_name(snapshot_id))
     }
 
     fn current_meta(&self) -> Result<Option<SnapshotMeta>, StoreError> {
@@ -372,7 +388,7 @@ impl SnapshotFiles {
 
     /// Removes every snapshot file but `keep_id`'s (all of them for `None`).
     fn remove_other_files(&self, keep_id: Option<&str>) -> Result<(), StoreError> {
-        let keep = keep_id.map(|id| format!("{id}.snap"));
+        let keep = keep_id.map(snapshot_file_name);
         for item in std::fs::read_dir(&self.dir)? {
             let item = item?;
             let name = item.file_name().to_string_lossy().into_owned();
@@ -566,5 +582,22 @@ impl StateMachine {
     /// Path of the directory holding snapshot files.
     pub fn snapshot_dir(&self) -> &Path {
         &self.snapshots.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snapshot_file_name;
+
+    #[test]
+    fn a_snapshot_id_never_names_a_file_outside_the_snapshot_directory() {
+        // What this code makes, kept whole.
+        assert_eq!(snapshot_file_name("3-1042-1764950400123456789"), "3-1042-1764950400123456789.snap");
+        assert_eq!(snapshot_file_name("empty-17649504001"), "empty-17649504001.snap");
+        for hostile in ["../../etc/passwd", "/tmp/x", "..", ".hidden", "a/../../b", "a\\b", "x\0y"] {
+            let name = snapshot_file_name(hostile);
+            assert!(!name.contains(['/', '\\', '\0']) && !name.starts_with('.'), "{hostile}: {name}");
+            assert_eq!(std::path::Path::new(&name).components().count(), 1, "{hostile}: {name}");
+        }
     }
 }
