@@ -838,7 +838,7 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
 /// and what it held comes back when its connections go. Before, enough such requests from
 /// one client held the whole budget, and every other reader waited 10 s, then got a 503.
 /// (A connection that stays open holds its pages only until its writes have waited 60 s:
-/// `write_deadline.rs` tests that.)
+/// `io_deadline.rs` tests that.)
 #[tokio::test]
 async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
     use pubsub_node::limits::READ_PAGES_BYTES_PER_CLIENT_MAX;

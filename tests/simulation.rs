@@ -733,6 +733,8 @@ fn connections_that_send_no_request_in_time_are_closed() {
         half.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n").await?;
         let mut idle = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
         idle.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n\r\n").await?;
+        // Sends nothing at all: hyper's version detection had no timer for that.
+        let mut silent = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
         let sent = tokio::time::Instant::now();
         let closed_in_time = || {
             let after = sent.elapsed();
@@ -749,6 +751,11 @@ fn connections_that_send_no_request_in_time_are_closed() {
         half.read_to_end(&mut nothing).await?;
         assert!(nothing.is_empty(), "{}", String::from_utf8_lossy(&nothing));
         assert!(closed_in_time(), "half-sent request closed {:?} after", sent.elapsed());
+
+        let mut nothing = Vec::new();
+        silent.read_to_end(&mut nothing).await?;
+        assert!(nothing.is_empty(), "{}", String::from_utf8_lossy(&nothing));
+        assert!(closed_in_time(), "silent connection closed {:?} after", sent.elapsed());
         Ok(())
     });
     sim.run().expect("simulation");

@@ -240,8 +240,13 @@ impl Publisher {
                 committed: true,
                 duplicate: false,
             }),
-            Answer::Refused(error) => Err(self.refused(error, started.elapsed())),
-            Answer::Malformed(reason) => Err(Error::Protocol { url: self.url(), reason }),
+            Answer::Refused(error) => {
+                let maybe_stored = may_have_been_stored(&error.code);
+                let refused = self.refused(error, started.elapsed());
+                Err(if maybe_stored { unknown(refused) } else { refused })
+            }
+            // An answer the server sent, whatever it said: the message may be stored.
+            Answer::Malformed(reason) => Err(unknown(Error::Protocol { url: self.url(), reason })),
         }
     }
 
@@ -308,6 +313,20 @@ impl Publisher {
             return Error::NoLeader { attempts: 1, elapsed };
         }
         Error::Api(error)
+    }
+}
+
+/// Refusals of a publish that may have been appended all the same: leadership moved while it
+/// was in flight (a new leader may still commit it), or it did not commit in time. Error
+/// frames carry no id, so these become [`Error::Indeterminate`] naming it, for the caller to
+/// publish again under the same id. The refusals before an append (a bad message, a missing
+/// topic, a known duplicate) leave nothing behind.
+fn may_have_been_stored(code: &ErrorCode) -> bool {
+    match code {
+        ErrorCode::NotLeader | ErrorCode::NoLeader | ErrorCode::NotCommitted | ErrorCode::RaftTimeout => true,
+        // `unavailable` when Raft stopped under it; codes this client does not know yet.
+        ErrorCode::Other(_) => true,
+        _ => false,
     }
 }
 

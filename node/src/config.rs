@@ -187,7 +187,7 @@ fn is_host_port(s: &str) -> bool {
 
 /// Parses `ID=HOST:PORT,...`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
-    let mut peers = BTreeMap::new();
+    let mut peers: BTreeMap<u64, String> = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) =
             part.split_once('=').ok_or_else(|| ConfigError::Peers(format!("{part:?} is not ID=HOST:PORT")))?;
@@ -203,9 +203,15 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
         if !is_host_port(addr) {
             return Err(ConfigError::Peers(format!("{addr:?} is not HOST:PORT")));
         }
-        if peers.insert(id, addr.to_string()).is_some() {
+        if peers.contains_key(&id) {
             return Err(ConfigError::Peers(format!("node {id} is listed twice")));
         }
+        // Two ids at one address would make a voter that is never there: dials to it reach
+        // the other node, and the cluster, once stored with it, never has its quorum.
+        if let Some((other, _)) = peers.iter().find(|(_, a)| a.as_str() == addr) {
+            return Err(ConfigError::Peers(format!("nodes {other} and {id} are both at {addr}")));
+        }
+        peers.insert(id, addr.to_string());
     }
     if peers.is_empty() {
         return Err(ConfigError::Peers("no peers listed".into()));
@@ -281,7 +287,7 @@ mod tests {
 
     #[test]
     fn bad_peers_are_one_line_errors() {
-        for bad in ["1=a", "x=a:1", "1=a:1,1=b:2", "0=a:1", "1=a:notaport"] {
+        for bad in ["1=a", "x=a:1", "1=a:1,1=b:2", "0=a:1", "1=a:notaport", "1=h:8081,2=h:8081"] {
             let err = Config::from_flags(flags(&["--peers", bad])).unwrap_err();
             assert!(matches!(err, ConfigError::Peers(_)), "{bad}: {err}");
         }

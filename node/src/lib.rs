@@ -22,6 +22,7 @@ pub mod app;
 pub mod budget;
 pub mod config;
 pub mod error;
+pub mod io_deadline;
 pub mod limits;
 pub mod metrics;
 pub mod net;
@@ -29,7 +30,6 @@ pub mod propose;
 pub mod raft;
 pub mod serve;
 pub mod subscribe;
-pub mod write_deadline;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;

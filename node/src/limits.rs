@@ -79,7 +79,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest a write to a client's connection may wait for room before the connection is
-/// dropped (`write_deadline.rs`): a client that stops reading would otherwise hold a response,
+/// dropped (`io_deadline.rs`): a client that stops reading would otherwise hold a response,
 /// and its share of the read budget, forever. Longer than the stall deadlines of the
 /// WebSocket sessions, which close with a reason first.
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);

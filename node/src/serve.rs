@@ -3,11 +3,12 @@
 //!
 //! `axum::serve` runs hyper with no timer, so a client that opens connections and sends
 //! headers a byte at a time (or nothing at all) holds each one, and its memory, forever.
-//! Here hyper's header read timeout is on: a request's headers must arrive within
+//! Here a connection's first byte is due within [`HEADER_READ_TIMEOUT`] (`io_deadline.rs`),
+//! and hyper's header read timeout is on: a request's headers must arrive within
 //! [`HEADER_READ_TIMEOUT`], and a keep-alive connection idle that long between requests is
 //! closed too. Bodies have their own deadline ([`BODY_READ_TIMEOUT`]); an upgraded WebSocket
 //! leaves hyper and has its own pings. Writes that stop making progress fail after
-//! [`WRITE_STALL_TIMEOUT`] (`write_deadline.rs`). Each request carries the address of the
+//! [`WRITE_STALL_TIMEOUT`] (`io_deadline.rs`). Each request carries the address of the
 //! client it came from ([`ClientAddr`]), so that per-client limits can find it.
 //!
 //! [`BODY_READ_TIMEOUT`]: crate::limits::BODY_READ_TIMEOUT
@@ -27,8 +28,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 
+use crate::io_deadline::IoDeadline;
 use crate::limits::HEADER_READ_TIMEOUT;
-use crate::write_deadline::WriteDeadline;
 
 /// The address of the client a request came from, in the request's extensions.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +57,7 @@ where
         });
         let service = TowerToHyperService::new(service);
         let connection =
-            builder.serve_connection_with_upgrades(TokioIo::new(WriteDeadline::new(io)), service).into_owned();
+            builder.serve_connection_with_upgrades(TokioIo::new(IoDeadline::new(io)), service).into_owned();
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that went away or sent garbage; hyper has answered what it could.

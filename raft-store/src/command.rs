@@ -33,7 +33,8 @@ pub enum Request {
     /// Several commands proposed as one log entry, applied in order exactly as if each were
     /// its own entry. The leader batches concurrent client writes this way: openraft 0.9
     /// fsyncs each entry it appends on its own, so fewer, larger entries mean fewer fsyncs.
-    Batch(Vec<Request>),
+    /// Decoded at most [`crate::limits::BATCH_NESTING_MAX`] deep (see [`nesting`]).
+    Batch(#[serde(deserialize_with = "nesting::bounded")] Vec<Request>),
     /// `Publish` of messages whose ids the leader generated (random UUIDs, the client gave
     /// none): no earlier message can hold such an id, so apply records each in the dedup index
     /// without looking it up first (a RocksDB read per message on every node). Declared
@@ -52,6 +53,50 @@ pub enum Request {
     /// leader proposes it while none is applied; every node then presents the id when it
     /// dials a peer, and refuses peers of another cluster. Declared last, for the same reason.
     SetClusterId { id: String },
+}
+
+/// Batches nest (a batch is a command), and bincode decodes nesting by recursion with no
+/// bound of its own: a frame of a few thousand nested empty batches, 12 bytes each, would
+/// overflow the decoding thread's stack and abort the process. Peers' frames and log entries
+/// are decoded through this, which refuses what nests deeper than the leader ever proposes.
+mod nesting {
+    use std::cell::Cell;
+
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer};
+
+    use crate::limits::BATCH_NESTING_MAX;
+
+    thread_local! {
+        /// Batches being decoded on this thread, the current one included. A decode runs
+        /// on one thread from start to end (bincode is synchronous).
+        static DEPTH: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Leaves one level, also when its decoding fails or unwinds.
+    struct Level;
+
+    impl Drop for Level {
+        fn drop(&mut self) {
+            DEPTH.with(|depth| depth.set(depth.get() - 1));
+        }
+    }
+
+    pub(super) fn bounded<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de>,
+    {
+        let depth = DEPTH.with(|depth| {
+            depth.set(depth.get() + 1);
+            depth.get()
+        });
+        let _level = Level;
+        if depth > BATCH_NESTING_MAX {
+            return Err(D::Error::custom(format!("batches nested more than {BATCH_NESTING_MAX} deep")));
+        }
+        Vec::<T>::deserialize(deserializer)
+    }
 }
 
 impl Request {
@@ -132,7 +177,7 @@ pub enum Response {
     },
     Acked,
     /// One response per command of a [`Request::Batch`], in order.
-    Batch(Vec<Response>),
+    Batch(#[serde(deserialize_with = "nesting::bounded")] Vec<Response>),
     /// A new topic was refused: the cluster holds [`crate::limits::TOPICS_MAX`] topics,
     /// deleted ones included. (Added last: the forward RPC carries responses by variant index.)
     TopicLimitReached,
@@ -186,6 +231,7 @@ impl TopicRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::BATCH_NESTING_MAX;
 
     /// bincode writes an enum variant as its position (u32, little-endian): entries already
     /// in logs and snapshots decode only while every variant keeps its place.
@@ -206,5 +252,38 @@ mod tests {
         assert_eq!(position(&forget), 7);
         assert_eq!(position(&Request::AckBounded { acks: vec![] }), 8);
         assert_eq!(position(&Request::SetClusterId { id: "c".into() }), 9);
+    }
+
+    /// `levels` batches, each holding the next, the innermost empty: as bincode writes them
+    /// (variant position, then the length as a u64), without building the value, whose own
+    /// encoding and drop would recurse as deep.
+    fn nested_batches(empty_batch: &[u8], levels: usize) -> Vec<u8> {
+        let (variant, empty_len) = empty_batch.split_at(4);
+        assert_eq!(empty_len, [0; 8]);
+        let mut bytes = Vec::with_capacity(levels * 12);
+        for _ in 1..levels {
+            bytes.extend_from_slice(variant);
+            bytes.extend_from_slice(&1u64.to_le_bytes());
+        }
+        bytes.extend_from_slice(empty_batch);
+        bytes
+    }
+
+    /// A peer's frame of nested batches is refused, not decoded until the stack overflows
+    /// (which aborted the process: 100,000 levels take 1.2 MB, under the frame limit).
+    #[test]
+    fn batches_nested_past_the_bound_are_refused_not_a_stack_overflow() {
+        let request = bincode::serialize(&Request::Batch(vec![])).unwrap();
+        let response = bincode::serialize(&Response::Batch(vec![])).unwrap();
+        let fits = bincode::deserialize::<Request>(&nested_batches(&request, BATCH_NESTING_MAX)).unwrap();
+        assert!(matches!(fits, Request::Batch(ref inner) if inner.len() == 1));
+        assert!(bincode::deserialize::<Response>(&nested_batches(&response, BATCH_NESTING_MAX)).is_ok());
+        for levels in [BATCH_NESTING_MAX + 1, 100_000] {
+            let refused = bincode::deserialize::<Request>(&nested_batches(&request, levels)).unwrap_err();
+            assert!(refused.to_string().contains("nested"), "{refused}");
+            assert!(bincode::deserialize::<Response>(&nested_batches(&response, levels)).is_err());
+        }
+        // The depth is given back after a refusal: the next decode starts from the top.
+        assert!(bincode::deserialize::<Request>(&nested_batches(&request, BATCH_NESTING_MAX)).is_ok());
     }
 }

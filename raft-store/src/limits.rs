@@ -6,6 +6,11 @@ pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 /// Messages in one batch publish (API.md §4): bounds the size of one log entry.
 pub const BATCH_MESSAGES_MAX: usize = 1000;
 
+/// Batches a decoded command may nest (a batch of commands is a command). The leader's
+/// batches hold client writes, never batches; the bound leaves room and stops a crafted
+/// frame from nesting deep enough to overflow the decoder's stack (`command.rs`).
+pub const BATCH_NESTING_MAX: usize = 8;
+
 /// Longest message id and subscriber id (API.md §1).
 pub const ID_CHARS_MAX: usize = 256;
 

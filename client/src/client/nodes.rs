@@ -76,9 +76,14 @@ impl Client {
     }
 
     /// Best effort: asks the next node for `/cluster` to learn peers and the leader, so a
-    /// subscription can fail over to nodes that were not among the seeds.
+    /// subscription can fail over to nodes that were not among the seeds. It does not move the
+    /// round-robin position: a reconnect that refreshes then connects would otherwise take two
+    /// steps for one attempt, and with three nodes never try one of them.
     pub(crate) async fn refresh_nodes(&self) {
-        let node = self.next_node();
+        let node = {
+            let nodes = self.lock_nodes();
+            nodes.known[nodes.next % nodes.known.len().max(1)].clone()
+        };
         if let Ok(Some(info)) = self.cluster_info(&node, self.config().connect_timeout).await {
             self.learn(&info);
         }

@@ -499,6 +499,34 @@ async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted()
     assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
 }
 
+/// The same with three nodes: every one of them is asked before the topic counts as deleted.
+/// Before, a reconnect that refreshed the node list took a round-robin step of its own, so
+/// with three nodes one of them was never asked and the subscription ended unreachable.
+#[tokio::test]
+async fn a_reconnect_asks_every_one_of_three_nodes() {
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = Router::new().route(
+        "/topics/{name}/subscribe",
+        get(move |ws: WebSocketUpgrade| {
+            let connections = connections.clone();
+            async move {
+                if connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                    return error_response(404, "topic_not_found", json!({})) as Response;
+                }
+                ws.on_upgrade(|mut socket| async move {
+                    send(&mut socket, sub_frame(0)).await;
+                    send(&mut socket, msg(1)).await;
+                })
+            }
+        }),
+    );
+    let first = serve(app).await;
+    let (second, third) = (node_without_the_topic().await, node_without_the_topic().await);
+    let client = fast_client(&[&first, &second, &third]);
+    let sub = subscribe_from_start(&client).await;
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+}
+
 #[tokio::test]
 async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error() {
     let node = ws_node(Shared::default(), |n, mut socket, _| async move {
