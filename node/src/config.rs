@@ -23,8 +23,9 @@ pub struct Flags {
     #[arg(long, env = "PUBSUB_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
-    /// HOST:PORT peers and clients use for this node [default: this node's entry in
-    /// --peers, else 127.0.0.1:PORT with the port of --listen].
+    /// HOST:PORT of a node started without --peers (its one-voter cluster records it); with
+    /// --peers it may only repeat this node's entry [default: that entry, else
+    /// 127.0.0.1:PORT with the port of --listen].
     #[arg(long, env = "PUBSUB_ADVERTISE")]
     pub advertise: Option<String>,
 
@@ -92,6 +93,8 @@ pub enum ConfigError {
     ClientAddresses(String),
     #[error("--advertise {0:?} is not HOST:PORT")]
     Advertise(String),
+    #[error("--advertise {advertise:?} is not this node's --peers entry {peer:?}: leave it out, or make them one (--client-addresses names where clients reach a node)")]
+    AdvertiseNotPeer { advertise: String, peer: String },
     #[error(
         "--heartbeat-ms must be at least 1 and --election-timeout-ms at least 3 times it, at most {ELECTION_TIMEOUT_MS_MAX}"
     )]
@@ -133,6 +136,11 @@ impl Config {
             _ => BTreeMap::new(),
         };
         let advertise = match (&flags.advertise, peers.get(&flags.id)) {
+            // Peers dial the `--peers` entry and every node names it in redirects: another
+            // address here would be what this node alone says of itself.
+            (Some(a), Some(p)) if a != p => {
+                return Err(ConfigError::AdvertiseNotPeer { advertise: a.clone(), peer: p.clone() })
+            }
             (Some(a), _) => a.clone(),
             (None, Some(p)) => p.clone(),
             (None, None) => format!("127.0.0.1:{}", flags.listen.port()),
@@ -270,6 +278,10 @@ mod tests {
         let c = Config::from_flags(flags(&["--id", "2", "--peers", "1=a:1,2=b:2,3=c:3"])).unwrap();
         assert_eq!(c.advertise, "b:2");
         assert!(!c.is_bootstrapper());
+        let same = Config::from_flags(flags(&["--id", "2", "--advertise", "b:2", "--peers", "1=a:1,2=b:2"])).unwrap();
+        assert_eq!(same.advertise, "b:2");
+        let other = Config::from_flags(flags(&["--id", "2", "--advertise", "x:2", "--peers", "1=a:1,2=b:2"]));
+        assert!(matches!(other, Err(ConfigError::AdvertiseNotPeer { .. })), "{other:?}");
     }
 
     #[test]

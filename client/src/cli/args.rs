@@ -167,8 +167,10 @@ pub struct SubscribeArgs {
     /// `--cursor acked` (a generated id has no acks, so it would start from the beginning).
     #[arg(long, required_if_eq("cursor", "acked"))]
     pub subscriber_id: Option<String>,
-    /// Ack each message after printing it.
-    #[arg(long)]
+    /// Ack each message after printing it. Needs `--subscriber-id`: acks under a generated
+    /// id could never be resumed from, and each run would keep one more of the topic's
+    /// recorded cursors (10,000 at most) for good.
+    #[arg(long, requires = "subscriber_id")]
     pub ack: bool,
     /// Exit after this many messages.
     #[arg(long, value_name = "N")]

@@ -82,7 +82,7 @@ fn cursor_accepts_numbers_latest_and_acked_only() {
     assert_eq!(parse_cursor("150"), Ok(Cursor::After(150)));
     assert!(parse_cursor("-1").is_err());
     assert!(parse_cursor("first").is_err());
-    match parsed(&["subscribe", "t", "--cursor", "7", "--ack", "--count", "3"]).command {
+    match parsed(&["subscribe", "t", "--cursor", "7", "--subscriber-id", "s", "--ack", "--count", "3"]).command {
         Command::Subscribe(s) => {
             assert_eq!(s.cursor, Cursor::After(7));
             assert!(s.ack);
@@ -260,6 +260,9 @@ fn flags_that_would_be_ignored_together_are_refused() {
     // A generated subscriber id has no acks: `--cursor acked` would replay the whole topic.
     assert!(parse(&["subscribe", "t", "--cursor", "acked"]).is_err());
     assert!(parse(&["subscribe", "t", "--cursor", "acked", "--subscriber-id", "s"]).is_ok());
+    // Nor can acks under a generated id ever be resumed from.
+    assert!(parse(&["subscribe", "t", "--ack"]).is_err());
+    assert!(parse(&["subscribe", "t", "--ack", "--subscriber-id", "s"]).is_ok());
 }
 
 #[test]
