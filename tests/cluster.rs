@@ -380,6 +380,11 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
             .await
             .unwrap();
     let _subscribed = ws.next().await;
+    // A request whose body trickles in (it would have 30 s) does not hold the stop: within
+    // the 10 s `terminate` waits before it kills, the node exits 0.
+    let mut trickling = tokio::net::TcpStream::connect(&c.nodes[0].addr).await.unwrap();
+    let head = "POST /topics/t/messages HTTP/1.1\r\nhost: n\r\ncontent-length: 1000\r\n\r\n{\"payload\":";
+    tokio::io::AsyncWriteExt::write_all(&mut trickling, head.as_bytes()).await.unwrap();
     let exit = tokio::task::spawn_blocking(move || {
         let code = c.terminate(0);
         (c, code)
@@ -394,6 +399,7 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
     assert_eq!(close, Some(1001));
     let (_c, code) = exit.await.unwrap();
     assert_eq!(code, Some(0));
+    drop(trickling);
 }
 
 /// A follower that missed tens of MiB of log catches up from the log: AppendEntries are split

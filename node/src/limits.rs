@@ -94,6 +94,11 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// the next one waits (at most [`WRITE_TIMEOUT`]) for earlier ones to be applied.
 pub const APPENDED_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// How long a stopping node lets requests in progress finish before it closes their
+/// connections: a publish is answered within [`WRITE_TIMEOUT`], and the whole stop (this, the
+/// subscriptions, the last acks, the hand-over, the store's close) fits the 20 s grace period
+/// a supervisor gives (`deploy/docker-compose.yml`) unless the store is stuck.
+pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -26,18 +26,20 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 use crate::io_deadline::IoDeadline;
-use crate::limits::HEADER_READ_TIMEOUT;
+use crate::limits::{HEADER_READ_TIMEOUT, SHUTDOWN_REQUESTS_TIMEOUT};
 
 /// The address of the client a request came from, in the request's extensions.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientAddr(pub SocketAddr);
 
 /// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then
-/// stops accepting, lets requests in progress finish and returns once their connections have
-/// closed (upgraded WebSockets are not waited for: the node closes them itself).
+/// stops accepting, lets requests in progress finish (for at most
+/// [`SHUTDOWN_REQUESTS_TIMEOUT`]) and returns once their connections have closed (upgraded
+/// WebSockets are not waited for: the node closes them itself).
 pub async fn serve<L>(mut listener: L, router: Router, shutdown: impl Future<Output = ()>)
 where
     L: Listener<Addr = SocketAddr>,
@@ -45,6 +47,8 @@ where
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let connections = GracefulShutdown::new();
+    // Every connection's task, to end those still running when the drain times out.
+    let mut tasks = JoinSet::new();
     let mut shutdown = pin!(shutdown);
     loop {
         let (io, remote) = tokio::select! {
@@ -59,13 +63,22 @@ where
         let connection =
             builder.serve_connection_with_upgrades(TokioIo::new(IoDeadline::new(io)), service).into_owned();
         let connection = connections.watch(connection);
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             // A client that went away or sent garbage; hyper has answered what it could.
             if let Err(error) = connection.await {
                 tracing::debug!(?remote, %error, "connection ended with an error");
             }
         });
+        while tasks.try_join_next().is_some() {}
     }
     drop(listener);
-    connections.shutdown().await;
+    // A request may take long to end (a body trickling in has 30 s): the node's stop must fit
+    // a supervisor's grace period, so what has not ended in time is dropped.
+    if tokio::time::timeout(SHUTDOWN_REQUESTS_TIMEOUT, connections.shutdown()).await.is_err() {
+        tracing::warn!(
+            connections = tasks.len(),
+            "requests still in progress after {SHUTDOWN_REQUESTS_TIMEOUT:?}; closing their connections"
+        );
+    }
+    tasks.shutdown().await;
 }
