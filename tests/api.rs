@@ -220,6 +220,14 @@ async fn publish_follows_the_contract() {
     let r = http::send(own.post(&url).body(vec![b' '; 3 * 1024 * 1024])).await.unwrap();
     assert_eq!(r.status, 413);
 
+    // In a batch too, a malformed message is answered (400) before another's payload over the
+    // limit (413), whichever comes first; either alone is answered as such.
+    let with = |second: Value| json!({"messages": [{"payload": over}, second]});
+    let r = post(&format!("{url}/batch"), &with(json!({"id": "", "payload": 1}))).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{:?}", r.body);
+    let r = post(&format!("{url}/batch"), &with(json!({"id": "fine", "payload": 1}))).await.unwrap();
+    assert!(r.status == 413 && is_error_body(&r.body, "payload_too_large"), "{:?}", r.body);
+
     // Missing topic.
     let r = post(&format!("{l}/topics/none/messages"), &json!({"payload": 1})).await.unwrap();
     assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"));

@@ -461,6 +461,9 @@ impl Client {
 
     /// Publishes 1–1000 messages as one Raft entry. Messages without an id get a generated
     /// one before the first attempt, so a retried batch is deduplicated message by message.
+    /// Those ids stay inside this call: when it fails with [`Error::Indeterminate`] (the batch
+    /// may have been stored), only messages given ids ([`NewMessage::with_id`]) can be
+    /// published again without storing them twice.
     ///
     /// ```no_run
     /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {

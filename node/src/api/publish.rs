@@ -366,7 +366,19 @@ pub async fn batch(
     if batch.messages.is_empty() {
         return Err(ApiError::InvalidRequest(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
     }
-    let incoming = batch.messages.into_iter().map(|m| new_message_from(&app, m)).collect::<Result<Vec<_>, _>>()?;
+    // API.md §7: a malformed message (400) is answered before a payload over the limit (413),
+    // whichever message of the batch holds each.
+    let (mut incoming, mut too_large) = (Vec::with_capacity(batch.messages.len()), None);
+    for checked in batch.messages.into_iter().map(|m| new_message_from(&app, m)) {
+        match checked {
+            Ok(message) => incoming.push(message),
+            Err(e @ ApiError::PayloadTooLarge(_)) => drop(too_large.get_or_insert(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(e) = too_large {
+        return Err(e);
+    }
     let ids_generated = incoming.iter().all(|m| m.id_generated);
     let messages: Vec<NewMessage> = incoming.into_iter().map(|m| m.message).collect();
     let where_ = input::path_and_query(&uri);
