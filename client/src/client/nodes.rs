@@ -9,6 +9,14 @@ use super::{Client, Nodes};
 use crate::endpoint;
 use crate::types::ClusterInfo;
 
+impl Nodes {
+    /// Where the round robin stands, within `known`. `known` is never empty: `with_config`
+    /// refuses an empty seed list and nothing removes.
+    fn position(&self) -> usize {
+        self.next % self.known.len().max(1)
+    }
+}
+
 impl Client {
     pub(super) fn lock_nodes(&self) -> MutexGuard<'_, Nodes> {
         // A panic while holding this lock cannot leave `Nodes` half-updated in a way that
@@ -19,10 +27,15 @@ impl Client {
     /// The next node in round-robin order.
     pub(crate) fn next_node(&self) -> Url {
         let mut nodes = self.lock_nodes();
-        let index = nodes.next % nodes.known.len().max(1);
+        let index = nodes.position();
         nodes.next = index + 1;
-        // `known` is never empty: `with_config` refuses an empty seed list and nothing removes.
         nodes.known[index].clone()
+    }
+
+    /// The node [`Client::next_node`] would give, without moving the round-robin position.
+    fn upcoming_node(&self) -> Url {
+        let nodes = self.lock_nodes();
+        nodes.known[nodes.position()].clone()
     }
 
     pub(crate) fn node_count(&self) -> usize {
@@ -80,10 +93,7 @@ impl Client {
     /// round-robin position: a reconnect that refreshes then connects would otherwise take two
     /// steps for one attempt, and with three nodes never try one of them.
     pub(crate) async fn refresh_nodes(&self) {
-        let node = {
-            let nodes = self.lock_nodes();
-            nodes.known[nodes.next % nodes.known.len().max(1)].clone()
-        };
+        let node = self.upcoming_node();
         if let Ok(Some(info)) = self.cluster_info(&node, self.config().connect_timeout).await {
             self.learn(&info);
         }

@@ -473,10 +473,9 @@ async fn a_topic_denied_only_by_a_lagging_node_while_the_others_are_down_is_not_
     }
 }
 
-#[tokio::test]
-async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted() {
-    // The first connection serves a message and drops; then the node answers 404
-    // topic_not_found, as a node does for a deleted topic.
+/// A node whose first connection serves a message and drops; then it answers 404
+/// topic_not_found, as a node does for a deleted topic.
+async fn node_whose_topic_is_deleted_after_one_message() -> String {
     let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let app = Router::new().route(
         "/topics/{name}/subscribe",
@@ -493,7 +492,12 @@ async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted()
             }
         }),
     );
-    let node = serve(app).await;
+    serve(app).await
+}
+
+#[tokio::test]
+async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted() {
+    let node = node_whose_topic_is_deleted_after_one_message().await;
     let client = fast_client(&[&node]);
     let sub = subscribe_from_start(&client).await;
     assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
@@ -504,23 +508,7 @@ async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted()
 /// with three nodes one of them was never asked and the subscription ended unreachable.
 #[tokio::test]
 async fn a_reconnect_asks_every_one_of_three_nodes() {
-    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let app = Router::new().route(
-        "/topics/{name}/subscribe",
-        get(move |ws: WebSocketUpgrade| {
-            let connections = connections.clone();
-            async move {
-                if connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
-                    return error_response(404, "topic_not_found", json!({})) as Response;
-                }
-                ws.on_upgrade(|mut socket| async move {
-                    send(&mut socket, sub_frame(0)).await;
-                    send(&mut socket, msg(1)).await;
-                })
-            }
-        }),
-    );
-    let first = serve(app).await;
+    let first = node_whose_topic_is_deleted_after_one_message().await;
     let (second, third) = (node_without_the_topic().await, node_without_the_topic().await);
     let client = fast_client(&[&first, &second, &third]);
     let sub = subscribe_from_start(&client).await;

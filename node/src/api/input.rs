@@ -30,11 +30,8 @@ pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, A
 /// as U+FFFD, one subscriber.
 pub fn query(RawQuery(raw): RawQuery) -> Result<HashMap<String, String>, ApiError> {
     let decode = |part: &str| {
-        let spaced = part.replace('+', " ");
-        percent_encoding::percent_decode_str(&spaced)
-            .decode_utf8()
-            .map(|d| d.into_owned())
-            .map_err(|_| ApiError::InvalidRequest(format!("query parameter {part:?} does not decode to UTF-8")))
+        percent_decoded(&part.replace('+', " "))
+            .ok_or_else(|| ApiError::InvalidRequest(format!("query parameter {part:?} does not decode to UTF-8")))
     };
     let mut map = HashMap::new();
     for pair in raw.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -42,6 +39,12 @@ pub fn query(RawQuery(raw): RawQuery) -> Result<HashMap<String, String>, ApiErro
         map.insert(decode(key)?, decode(value)?);
     }
     Ok(map)
+}
+
+/// A path segment or query part with its `%`-escapes decoded; `None` when they do not decode
+/// to UTF-8 (never replaced: two different escapes would read as one U+FFFD).
+pub fn percent_decoded(text: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(text).decode_utf8().ok().map(|d| d.into_owned())
 }
 
 /// Reads a body of at most `limit` bytes; a larger one is `413 payload_too_large`.

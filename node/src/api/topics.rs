@@ -174,13 +174,12 @@ pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result
     // the name is checked first and the id last (API.md §7).
     let rest = uri.path().strip_prefix("/topics/").unwrap_or_default();
     let (name, subscriber_id) = rest.split_once("/subscribers/").unwrap_or((rest, ""));
-    let decoded = |segment: &str| percent_encoding::percent_decode_str(segment).decode_utf8().map(|d| d.into_owned());
-    let name = decoded(name).map_err(|_| ApiError::InvalidTopicName(name.to_string()))?;
+    let name = input::percent_decoded(name).ok_or_else(|| ApiError::InvalidTopicName(name.to_string()))?;
     let name = input::topic_name(Ok(Path(name)))?;
     app.require_leader(&input::path_and_query(&uri))?;
     let record = active(&app, &name)?;
-    let subscriber_id = decoded(subscriber_id)
-        .map_err(|_| ApiError::InvalidRequest(format!("subscriber id {subscriber_id:?} does not decode to UTF-8")))?;
+    let subscriber_id = input::percent_decoded(subscriber_id)
+        .ok_or_else(|| ApiError::InvalidRequest(format!("subscriber id {subscriber_id:?} does not decode to UTF-8")))?;
     input::id_field("subscriber_id", &subscriber_id)?;
     let Some(acked) = app.reader.cursor(record.id, &subscriber_id)? else {
         return Err(ApiError::CursorNotFound { topic: name, subscriber_id });
