@@ -677,6 +677,19 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     let answer = answer.into_text().unwrap();
     assert!(answer.starts_with(r#"{"type":"error","ref":18446744073709551616,"#), "{answer}");
     assert_eq!(serde_json::from_str::<Value>(&answer).unwrap()["error"], "invalid_request");
+    // A `ref` over 256 bytes is not echoed (every answer would carry it) and not published.
+    let long_ref = json!({"type": "publish", "ref": "r".repeat(300), "id": "long-ref", "payload": 1});
+    ws.send(Message::Text(long_ref.to_string().into())).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!(
+        (&answer["type"], &answer["ref"], &answer["error"]),
+        (&json!("error"), &Value::Null, &json!("invalid_request"))
+    );
+    let at_limit = json!({"type": "publish", "ref": "r".repeat(254), "id": "ref-at-limit", "payload": {"i": 50}});
+    ws.send(Message::Text(at_limit.to_string().into())).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!((&answer["type"], &answer["ref"]), (&json!("ack"), &json!("r".repeat(254))), "{answer}");
+    sequences.insert(50, answer["sequence"].as_u64().unwrap());
     // Every acked message is readable with the sequence it was acked with.
     let (_, body) = http::get_json(&format!("{l}/topics/w/messages?after=0&limit=100")).await.unwrap();
     for m in body["messages"].as_array().unwrap() {
@@ -1031,4 +1044,36 @@ async fn wait_refused(node: &str, n: u64) {
         (http::metric(node, "pubsub_acks_refused_total").await? == n).then_some(())
     })
     .await;
+}
+
+/// An ack past the topic's end records the end the node had when the ack arrived, not what the
+/// topic holds when the coalesced acks are applied (up to a flush interval later): messages
+/// committed in between were never delivered, and `cursor=acked` would skip them.
+#[tokio::test]
+async fn an_ack_past_the_end_records_the_end_as_it_arrived() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/capped"), "").await.unwrap();
+    for n in 1..=2 {
+        post(&format!("{l}/topics/capped/messages"), &json!({"payload": n})).await.unwrap();
+    }
+    let mut ws = ws_connect(&l, "/topics/capped/subscribe?subscriber_id=s&cursor=0").await;
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    for n in 1..=2 {
+        assert_eq!(next_frame(&mut ws).await["sequence"], n);
+    }
+    ws.send(Message::Text(format!(r#"{{"type":"ack","sequence":{}}}"#, u64::MAX).into())).await.unwrap();
+    // The pong comes back once the node has read every frame sent before the ping.
+    ws.send(Message::Ping(b"after the ack".to_vec().into())).await.unwrap();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("pong in time");
+        if let Message::Pong(_) = frame.expect("open").expect("a frame") {
+            break;
+        }
+    }
+    let batch = json!({"messages": [{"payload": 3}, {"payload": 4}, {"payload": 5}]});
+    let r = post(&format!("{l}/topics/capped/messages/batch"), &batch).await.unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let listed = wait_acked(&l, "capped", "s", 2).await;
+    assert_eq!(listed["lag"], 3);
 }

@@ -447,6 +447,66 @@ async fn the_cli_creates_publishes_lists_reads_and_exits_with_its_codes() {
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
 }
 
+/// `pubsub publish --batch` without `--id-prefix` against a node whose first batch answer is
+/// `raft_timeout` (the batch may have been stored): the note names a prefix, and the command
+/// run again with it sends every line under the id it had the first time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_may_have_been_stored_names_the_id_prefix_that_publishes_it_again_once() {
+    use axum::http::StatusCode;
+    use axum::routing::post;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let node = listener.local_addr().expect("local address").to_string();
+    let cluster = json!({"node_id": "node-1", "leader_id": "node-1", "leader_address": node, "peers": [node],
+                         "raft_term": 1, "commit_index": 1, "role": "leader", "last_applied": 1});
+    let requests: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = requests.clone();
+    let app =
+        axum::Router::new().route("/cluster", axum::routing::get(move || async move { axum::Json(cluster) })).route(
+            "/topics/{name}/messages/batch",
+            post(move |axum::Json(body): axum::Json<Value>| async move {
+                let ids: Vec<String> = body["messages"]
+                    .as_array()
+                    .map(|messages| messages.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
+                    .unwrap_or_default();
+                let first = {
+                    let mut requests = seen.lock().expect("lock");
+                    requests.push(ids.clone());
+                    requests.len() == 1
+                };
+                if first {
+                    let error = json!({"error": "raft_timeout", "message": "not committed in time", "details": {}});
+                    return (StatusCode::GATEWAY_TIMEOUT, axum::Json(error));
+                }
+                let results: Vec<Value> =
+                    ids.iter().enumerate().map(|(n, id)| json!({"id": id, "sequence": n + 1})).collect();
+                let ack = json!({"topic": "imports", "results": results, "raft_index": 7, "committed": true});
+                (StatusCode::CREATED, axum::Json(ack))
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), "{\"n\":1}\n\n{\"n\":2}\n").expect("write input");
+    let path = file.path().to_str().expect("utf-8 path");
+    let (code, _, err) = pubsub(&["-s", &node, "--attempts", "1", "publish", "imports", "--batch", path], None).await;
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("batch 1 (lines 1-3) may have been stored"), "{err}");
+    let prefix = err
+        .split("--id-prefix ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no prefix named: {err}"))
+        .to_string();
+
+    let (code, _, err) =
+        pubsub(&["-s", &node, "publish", "imports", "--batch", path, "--id-prefix", &prefix], None).await;
+    assert_eq!(code, 0, "{err}");
+    let requests = requests.lock().expect("lock").clone();
+    let expected = vec![format!("{prefix}1"), format!("{prefix}3")];
+    assert_eq!(requests, vec![expected.clone(), expected], "the rerun sent the ids of the first run");
+}
+
 /// What one WebSocket publish came to, for the test below.
 enum WsOutcome {
     Acked(u64),

@@ -761,6 +761,70 @@ fn connections_that_send_no_request_in_time_are_closed() {
     sim.run().expect("simulation");
 }
 
+/// A publishing WebSocket whose client reads nothing, so answers none of the node's pings, is
+/// closed once nothing has come from it for `PUBLISH_WS_IDLE_TIMEOUT`: a half-open connection
+/// would otherwise hold its buffers and tasks for good. One whose client keeps reading (its
+/// library answers the pings) stays open however long it is idle. Without the idle deadline
+/// the silent socket is never closed and the simulation does not complete.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_publishing_socket_that_answers_no_ping_is_closed() {
+    use futures_util::SinkExt;
+    use pubsub_node::limits::PUBLISH_WS_IDLE_TIMEOUT;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(11);
+    add_nodes(&mut sim, 1, dir.path());
+    sim.client("publishers", async move {
+        wait_ready().await;
+        let created = request(&host(0), "POST", "/topics/t", None).await.map(|(status, _)| status);
+        assert_eq!(created, Ok(201));
+        let publish = |n: u64| Message::Text(json!({"type": "publish", "ref": n, "payload": n}).to_string().into());
+        let mut silent = websocket(&host(0), "/topics/t/publish").await?;
+        let reading = websocket(&host(0), "/topics/t/publish").await?;
+        silent.send(publish(1)).await?;
+        let answer = loop {
+            match silent.next().await {
+                Some(Ok(Message::Text(text))) => break serde_json::from_str::<Value>(&text)?,
+                Some(Ok(_)) => continue,
+                other => panic!("the publishing socket ended: {other:?}"),
+            }
+        };
+        assert_eq!(answer["type"], "ack", "{answer}");
+        // The reading client polls its socket throughout (tungstenite answers pings as it
+        // reads), as the Rust `Publisher`'s reader does; the silent one is not polled at all.
+        let (mut reading_tx, mut reading_rx) = reading.split();
+        let reader = tokio::spawn(async move {
+            let mut texts = Vec::new();
+            while let Some(Ok(frame)) = reading_rx.next().await {
+                if let Message::Text(text) = frame {
+                    texts.push(serde_json::from_str::<Value>(&text).expect("JSON"));
+                    if texts.len() == 1 {
+                        return texts;
+                    }
+                }
+            }
+            panic!("the reading client's socket ended: {texts:?}");
+        });
+        tokio::time::sleep(PUBLISH_WS_IDLE_TIMEOUT * 2).await;
+
+        let closed = loop {
+            match silent.next().await {
+                Some(Ok(Message::Close(frame))) => break frame,
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        };
+        let closed = closed.expect("a close frame with a code");
+        assert_eq!(u16::from(closed.code), 1001, "{closed:?}");
+
+        reading_tx.send(publish(2)).await?;
+        let answers = reader.await.expect("reader");
+        assert_eq!(answers[0]["type"], "ack", "the idle reading socket still publishes: {answers:?}");
+        Ok(())
+    });
+    sim.run().expect("simulation");
+}
+
 /// A leader cut off from its quorum stays in office (openraft 0.9) until it hears of a newer
 /// term, but it no longer takes publishes on an open publishing WebSocket: each frame is
 /// answered `no_leader` at once, as an HTTP publish is, so the client moves on to the new

@@ -174,7 +174,10 @@ impl Publisher {
     ///   publish waited for its answer, or no answer came within the client's request timeout
     ///   (at least [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`], longer than the server's write
     ///   timeout; the connection is then presumed dead and closed): the message may or may not
-    ///   have been committed; publish it again with the same id on a new publisher;
+    ///   have been committed; publish it again with the same id on a new publisher. Refusals
+    ///   after which the message may still commit (`not_leader`, `no_leader`, `raft_timeout`,
+    ///   `not_committed`, and a `duplicate_message_id` whose `existing_sequence` is null: the
+    ///   first publish of that id is still in flight and may yet fail) come wrapped in it too;
     /// - [`Error::InvalidArgument`] for an id or a frame the server would refuse (checked
     ///   locally; a frame over [`limits::PUBLISH_WS_FRAME_BYTES_MAX`] would make the server
     ///   drop the connection).
@@ -241,7 +244,7 @@ impl Publisher {
                 duplicate: false,
             }),
             Answer::Refused(error) => {
-                let maybe_stored = may_have_been_stored(&error.code);
+                let maybe_stored = may_have_been_stored(&error);
                 let refused = self.refused(error, started.elapsed());
                 Err(if maybe_stored { unknown(refused) } else { refused })
             }
@@ -320,10 +323,13 @@ impl Publisher {
 /// was in flight (a new leader may still commit it), or it did not commit in time. Error
 /// frames carry no id, so these become [`Error::Indeterminate`] naming it, for the caller to
 /// publish again under the same id. The refusals before an append (a bad message, a missing
-/// topic, a known duplicate) leave nothing behind.
-fn may_have_been_stored(code: &ErrorCode) -> bool {
-    match code {
+/// topic, a duplicate already stored) leave nothing behind.
+fn may_have_been_stored(error: &ApiError) -> bool {
+    match &error.code {
         ErrorCode::NotLeader | ErrorCode::NoLeader | ErrorCode::NotCommitted | ErrorCode::RaftTimeout => true,
+        // A null `existing_sequence`: the first publish of this id is still in flight on the
+        // leader and may yet fail (API.md §7), so the message may or may not end up stored.
+        ErrorCode::DuplicateMessageId => error.existing_sequence().is_none(),
         // `unavailable` when Raft stopped under it; codes this client does not know yet.
         ErrorCode::Other(_) => true,
         _ => false,

@@ -336,6 +336,11 @@ pub struct MessagePage {
     /// The topic's last assigned sequence on the answering node.
     #[serde(default)]
     pub current_sequence: u64,
+    /// The first sequence the answering node still retains (0 from a server that does not
+    /// say). When it is above the requested cursor + 1, the messages in between expired
+    /// under retention and this page starts after the gap.
+    #[serde(default)]
+    pub first_available_sequence: u64,
 }
 
 /// One subscriber of `GET /topics/:name/subscribers` (API.md §5, ext).
@@ -601,6 +606,20 @@ mod tests {
         assert_eq!(info.leader_address, None);
         assert_eq!(info.role, None);
         assert_eq!(info.cluster_id, None);
+    }
+
+    #[test]
+    fn a_message_page_keeps_first_available_sequence_and_defaults_it_to_zero() {
+        let page = |v: Value| match serde_json::from_value::<MessagePage>(v) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        let trimmed = page(json!({"messages":[{"id":"m","topic":"t","sequence":8,"payload":1}],
+                                  "next_cursor":8,"current_sequence":9,"first_available_sequence":8}));
+        assert_eq!(trimmed.first_available_sequence, 8);
+        assert_eq!(trimmed.messages[0].sequence, 8);
+        let older = page(json!({"messages":[],"next_cursor":0,"current_sequence":0}));
+        assert_eq!(older.first_available_sequence, 0);
     }
 
     #[test]

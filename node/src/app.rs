@@ -54,6 +54,9 @@ pub struct App {
     /// wait for the entry, so without this bound a client looping on it could queue more
     /// than the cluster writes, without limit.
     pub appended_bytes: crate::budget::ByteBudget,
+    /// Bytes of request bodies being read or still held by their requests (see
+    /// [`crate::limits::REQUEST_BODIES_BYTES_MAX`]).
+    pub request_bodies: crate::budget::ByteBudget,
     /// Bytes of message pages read from storage and not yet sent (subscriptions and
     /// `GET /messages`): lagging readers of large messages cannot hold the node's memory.
     pub read_pages: crate::budget::ByteBudget,
@@ -158,8 +161,14 @@ impl App {
         match result {
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
             Ok(Ok(Ok(committed))) => Ok(committed),
+            // Raft stopped with the entry queued: it may have been appended and sent to the
+            // followers, and a new leader may commit it (a retry must count it as possibly
+            // stored), so it is `not_committed`, not `unavailable`.
+            Ok(Ok(Err(ProposeFailure::Fatal(e)))) => {
+                Err(ApiError::NotCommitted(format!("raft stopped before the entry committed: {e}")))
+            }
             Ok(Ok(Err(failure))) => Err(self.write_error(failure, path_and_query)),
-            Ok(Err(_)) => Err(self.write_error(crate::propose::dropped(), path_and_query)),
+            Ok(Err(_)) => Err(ApiError::NotCommitted("the proposer stopped before the entry committed".into())),
         }
     }
 

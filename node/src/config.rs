@@ -186,11 +186,18 @@ impl Config {
     }
 }
 
+/// `HOST:PORT` where HOST is a name or IPv4 address, or an IPv6 address in brackets: what the
+/// node puts after `ws://` and `http://`. Checked at start-up because a bootstrapper stores the
+/// addresses in its log, and a bad one would be dialled, and fail, for the cluster's life.
 fn is_host_port(s: &str) -> bool {
-    match s.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
-        None => false,
-    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(ipv6) => ipv6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 /// Parses `ID=HOST:PORT,...`.
@@ -299,9 +306,24 @@ mod tests {
 
     #[test]
     fn bad_peers_are_one_line_errors() {
-        for bad in ["1=a", "x=a:1", "1=a:1,1=b:2", "0=a:1", "1=a:notaport", "1=h:8081,2=h:8081"] {
+        for bad in [
+            "1=a",
+            "x=a:1",
+            "1=a:1,1=b:2",
+            "0=a:1",
+            "1=a:notaport",
+            "1=h:8081,2=h:8081",
+            "1=http://a:1",
+            "1=a b:80",
+            "1=::1:80",
+            "1=[nope]:80",
+            "1=a/b:80",
+        ] {
             let err = Config::from_flags(flags(&["--peers", bad])).unwrap_err();
             assert!(matches!(err, ConfigError::Peers(_)), "{bad}: {err}");
+        }
+        for fine in ["1=[::1]:8080", "1=10.0.0.7:8080", "1=node-1.pubsub_net:8080"] {
+            assert!(Config::from_flags(flags(&["--peers", fine])).is_ok(), "{fine}");
         }
         let err = Config::from_flags(flags(&["--id", "4", "--peers", "1=a:1,2=b:2"])).unwrap_err();
         assert!(matches!(err, ConfigError::IdNotInPeers { .. }));

@@ -47,11 +47,16 @@ pub enum ApiError {
     NotReady(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// `cause`, a failure after which a publish may still commit, naming the message's id
+    /// (which the node may have generated): the client retries under it.
+    #[error("{cause}")]
+    Unconfirmed { id: String, cause: Box<ApiError> },
 }
 
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
+            Self::Unconfirmed { cause, .. } => cause.status_and_code(),
             Self::NotLeader { .. } => (StatusCode::TEMPORARY_REDIRECT, "not_leader"),
             Self::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             Self::TopicNotFound(_) => (StatusCode::NOT_FOUND, "topic_not_found"),
@@ -75,6 +80,12 @@ impl ApiError {
 
     /// The API.md error body.
     pub fn body(&self) -> Value {
+        if let Self::Unconfirmed { id, cause } = self {
+            let mut body = cause.body();
+            body["id"] = json!(id);
+            body["details"]["id"] = json!(id);
+            return body;
+        }
         let (_, code) = self.status_and_code();
         let mut body = json!({"error": code, "message": self.to_string(), "details": {}});
         match self {
@@ -104,6 +115,25 @@ impl ApiError {
     pub fn internal(e: impl std::fmt::Display) -> Self {
         Self::Internal(e.to_string())
     }
+
+    /// Names the message `id` in a `raft_timeout` or `not_committed` answer to a publish: the
+    /// write may still commit, and only under the same id can it be retried safely.
+    pub fn naming_id(self, id: &str) -> Self {
+        match self {
+            Self::RaftTimeout(_) | Self::NotCommitted(_) => {
+                Self::Unconfirmed { id: id.to_string(), cause: Box::new(self) }
+            }
+            other => other,
+        }
+    }
+
+    /// The error that decides the answer's headers: the cause of an `Unconfirmed`.
+    fn headline(&self) -> &ApiError {
+        match self {
+            Self::Unconfirmed { cause, .. } => cause.headline(),
+            other => other,
+        }
+    }
 }
 
 impl From<raft_store::StoreError> for ApiError {
@@ -121,13 +151,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
         let mut response = (status, axum::Json(self.body())).into_response();
-        if let Self::NotLeader { leader_address, path_and_query, .. } = &self {
+        if let Self::NotLeader { leader_address, path_and_query, .. } = self.headline() {
             let location = format!("http://{leader_address}{path_and_query}");
             if let Ok(value) = HeaderValue::from_str(&location) {
                 response.headers_mut().insert(header::LOCATION, value);
             }
         }
-        if matches!(self, Self::NoLeader | Self::Unavailable(_)) {
+        if matches!(self.headline(), Self::NoLeader | Self::Unavailable(_)) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
@@ -145,6 +175,22 @@ mod tests {
         assert_eq!(body["existing_sequence"], 4);
         assert_eq!(body["details"]["existing_sequence"], 4);
         assert_eq!(body["id"], "m");
+    }
+
+    #[test]
+    fn a_publish_that_may_still_commit_names_its_id() {
+        let timeout = ApiError::RaftTimeout(5000).naming_id("m-7");
+        let body = timeout.body();
+        assert_eq!(
+            (&body["error"], &body["id"], &body["details"]["id"]),
+            (&json!("raft_timeout"), &json!("m-7"), &json!("m-7"))
+        );
+        assert_eq!(timeout.into_response().status(), StatusCode::GATEWAY_TIMEOUT);
+        let not_committed = ApiError::NotCommitted("leadership changed".into()).naming_id("m-8");
+        assert_eq!(not_committed.body()["id"], "m-8");
+        assert_eq!(not_committed.into_response().status(), StatusCode::INTERNAL_SERVER_ERROR);
+        // Refusals that stored nothing stay as they were.
+        assert!(matches!(ApiError::NoLeader.naming_id("m-9"), ApiError::NoLeader));
     }
 
     #[test]

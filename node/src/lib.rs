@@ -112,6 +112,7 @@ where
         subscriptions_ended: tokio::sync::Notify::new(),
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
+        request_bodies: budget::ByteBudget::new(limits::REQUEST_BODIES_BYTES_MAX),
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
         client_read_pages: budget::PerClientBudgets::new(limits::READ_PAGES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),

@@ -20,6 +20,15 @@ pub const PUBLISH_WS_INFLIGHT_MAX: usize = 4096;
 /// Bytes of publish frames in flight on one publishing WebSocket: 4,096 frames of a megabyte
 /// would otherwise be 4 GiB held by one connection.
 pub const PUBLISH_WS_INFLIGHT_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Bytes of a publish frame's `ref` (as written, JSON): every answer echoes it, and answers
+/// waiting for a client that does not read are bounded by count, so a megabyte `ref` per
+/// frame would hold gigabytes per connection.
+pub const PUBLISH_WS_REF_BYTES_MAX: usize = 256;
+/// How often a publishing WebSocket pings its client, and how long it waits to read anything
+/// (a frame, a pong) before it closes the connection: a half-open connection, or one that sent
+/// part of a frame and stopped, would otherwise hold its buffers and tasks for good.
+pub const PUBLISH_WS_PING_INTERVAL: Duration = Duration::from_secs(15);
+pub const PUBLISH_WS_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a publishing WebSocket waits for the client to take its answers before it gives
 /// up on the connection (a client that stopped reading holds its publishes in flight).
 pub const PUBLISH_WS_SEND_TIMEOUT: Duration = Duration::from_secs(45);
@@ -33,6 +42,11 @@ pub const PUBLISH_WS_GROUP_BYTES_MAX: usize = 1024 * 1024;
 
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Request bodies a node reads and holds at once, in bytes (room for the announced size, or
+/// the limit, is taken before the read): sixteen slow uploads of 16 MiB batches, not one per
+/// connection the clients can open.
+pub const REQUEST_BODIES_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// Bytes of a too-large body read and dropped before answering 413, so the client gets the
 /// answer instead of a connection reset; beyond this the connection is simply closed.
@@ -93,6 +107,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Payload bytes of `ack=appended` publishes answered but not yet applied, per node; past it
 /// the next one waits (at most [`WRITE_TIMEOUT`]) for earlier ones to be applied.
 pub const APPENDED_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// What an `ack=appended` publish holds besides its payload, id and topic name until Raft
+/// answers it (its task, its openraft entry and response channel, its in-flight id), counted
+/// against [`APPENDED_BYTES_MAX`]: tiny payloads would otherwise queue millions of entries.
+pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 
 /// How long a stopping node lets requests in progress finish before it closes their
 /// connections: a publish is answered within [`WRITE_TIMEOUT`], and the whole stop (this, the
@@ -296,6 +314,7 @@ const _: () = {
     // Consecutive ticks start their trimming one topic apart (raft-store's tick).
     assert!(RETENTION_TICK_INTERVAL.as_millis() == raft_store::limits::TICK_ROTATION_MS as u128);
     assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
+    assert!(PUBLISH_WS_PING_INTERVAL.as_millis() * 2 < PUBLISH_WS_IDLE_TIMEOUT.as_millis());
     assert!(WRITE_STALL_TIMEOUT.as_millis() > SUBSCRIBE_IDLE_TIMEOUT.as_millis());
     assert!(WRITE_STALL_TIMEOUT.as_millis() > PUBLISH_WS_SEND_TIMEOUT.as_millis());
     assert!(WRITE_STALL_TIMEOUT.as_millis() > PEER_STALL_TIMEOUT.as_millis());

@@ -23,7 +23,7 @@ const WAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
 const DEDUP_MEMTABLE_BLOOM_RATIO: f64 = 0.1;
 
 pub fn open(path: &Path) -> Result<DB, StoreError> {
-    std::fs::create_dir_all(path)?;
+    crate::segments::create_dir_durably(path)?;
     let mut db_opts = Options::default();
     db_opts.create_if_missing(true);
     db_opts.create_missing_column_families(true);

@@ -53,9 +53,12 @@ pub const REPLICATION_READ_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// milliseconds, so a few megabytes cover them even at the highest rates.
 pub const RECENT_ENTRIES_BYTES_MAX: usize = 4 * 1024 * 1024;
 
-/// Entries written to RocksDB per `WriteBatch` while installing a snapshot: bounds the
-/// memory an install needs, whatever the snapshot's size.
+/// Records written to RocksDB per `WriteBatch` while installing a snapshot, which bounds the
+/// memory an install needs, whatever the snapshot's size...
 pub const SNAPSHOT_INSTALL_BATCH_RECORDS: usize = 4096;
+/// ... and at most this many bytes: 4096 records of megabyte messages would be a 4 GiB batch,
+/// and a node killed for its memory would redo the install, and die again, at every start.
+pub const SNAPSHOT_INSTALL_BATCH_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Acknowledgements carried in one `Ack` command (one per topic and subscriber).
 pub const ACKS_PER_COMMAND_MAX: usize = 10_000;

@@ -203,6 +203,11 @@ impl SegmentLog {
             }
             segments.push_back(segment);
         }
+        // A process killed between a rename or removal here and its directory fsync left a
+        // change this open sees but the disk may not hold: made durable before any append
+        // builds on it (a truncated segment coming back after a power cut would refuse the
+        // next open; a renamed spare going back to a spare would lose its entries).
+        sync_dir(dir)?;
         let spares = if preallocate { Some(Spares::start(dir)?) } else { None };
         Ok(Self {
             dir: dir.to_path_buf(),

@@ -17,7 +17,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use crate::db::{cf, synced, unsynced};
 use crate::keys::{INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META};
-use crate::limits::SNAPSHOT_INSTALL_BATCH_RECORDS;
+use crate::limits::{SNAPSHOT_INSTALL_BATCH_BYTES_MAX, SNAPSHOT_INSTALL_BATCH_RECORDS};
 use crate::typ::{LogId, SnapshotMeta, StoredMembership};
 use crate::StoreError;
 
@@ -126,6 +126,11 @@ pub fn install(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreErr
     install_pending(db, path, meta)
 }
 
+/// Whether an install's batch of `records` in `bytes` is written now.
+fn install_batch_is_full(records: usize, bytes: usize) -> bool {
+    records >= SNAPSHOT_INSTALL_BATCH_RECORDS || bytes >= SNAPSHOT_INSTALL_BATCH_BYTES_MAX
+}
+
 /// The part of [`install`] that is redone after a crash.
 pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreError> {
     let meta_cf = cf(db, SM_CFS[0])?;
@@ -144,7 +149,7 @@ pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), 
             return Ok(());
         }
         batch.put_cf(cf(db, name)?, key, value);
-        if batch.len() >= SNAPSHOT_INSTALL_BATCH_RECORDS {
+        if install_batch_is_full(batch.len(), batch.size_in_bytes()) {
             db.write_opt(std::mem::take(&mut batch), &unsynced())?;
         }
         Ok(())
@@ -263,5 +268,19 @@ impl tokio::io::AsyncSeek for SnapshotFile {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<u64>> {
         std::task::Poll::Ready(std::io::Seek::stream_position(&mut self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::install_batch_is_full;
+
+    #[test]
+    fn an_install_batch_of_large_messages_is_written_by_its_bytes_not_its_count() {
+        let megabyte = 1024 * 1024;
+        assert!(!install_batch_is_full(31, 31 * megabyte));
+        assert!(install_batch_is_full(32, 32 * megabyte), "32 messages of 1 MiB, not 4096");
+        assert!(!install_batch_is_full(4095, 4095 * 100));
+        assert!(install_batch_is_full(4096, 4096 * 100));
     }
 }

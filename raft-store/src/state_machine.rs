@@ -446,7 +446,16 @@ impl SnapshotFiles {
         // Durable under its name before it is recorded as current and the log behind it purged.
         sync_dir(&self.dir)?;
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        self.set_current(&meta)?;
+        if !self.set_current(&meta)? {
+            // An install of a newer snapshot finished first, perhaps removing the other files
+            // before this one had its name: nothing would remove it until the next start.
+            // The open handle still reads it for whoever asked for this build.
+            if let Err(e) = std::fs::remove_file(self.path(&meta.snapshot_id)) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(e.into());
+                }
+            }
+        }
         Ok((meta, file))
     }
 }

@@ -32,7 +32,8 @@ pub struct Args {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Timeout of one HTTP attempt, in milliseconds.
+    /// Timeout of one HTTP attempt, in milliseconds. The budget of a whole request across its
+    /// attempts (30 s by default) grows to at least this.
     #[arg(long, global = true, value_name = "MS")]
     pub timeout_ms: Option<u64>,
 
@@ -128,7 +129,8 @@ pub struct PublishArgs {
     #[arg(long, value_name = "FILE")]
     pub batch: Option<PathBuf>,
     /// With `-` or --batch: give each line the id PREFIX<line number> (from 1), so that running
-    /// the same command again (after a failure, say) stores each line once.
+    /// the same command again (after a failure, say) stores each line once. --batch without
+    /// it chooses a prefix (a UUID) and names it when a batch fails.
     #[arg(long, value_name = "PREFIX", conflicts_with = "id")]
     pub id_prefix: Option<String>,
     /// When the server answers: after commit, or once the leader appended (single

@@ -19,6 +19,7 @@ use clap::Parser;
 
 use crate::client::Client;
 use crate::error::Error;
+use crate::limits;
 pub use args::Args;
 use args::Command;
 pub use output::Output;
@@ -112,7 +113,10 @@ fn build_client(args: &Args) -> Result<Client, CliError> {
     let servers: Vec<String> = args.servers.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     let mut builder = Client::builder(servers);
     if let Some(ms) = args.timeout_ms {
-        builder = builder.request_timeout(Duration::from_millis(ms.max(1)));
+        let request = Duration::from_millis(ms.max(1));
+        // An attempt gets at most what is left of the operation's budget: a budget shorter
+        // than the attempt asked for would cut it short.
+        builder = builder.request_timeout(request).operation_timeout(request.max(limits::OPERATION_TIMEOUT_DEFAULT));
     }
     if let Some(attempts) = args.attempts {
         builder = builder.attempts_max(attempts);

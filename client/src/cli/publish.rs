@@ -11,10 +11,18 @@ use crate::limits::BATCH_MESSAGES_MAX;
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
 pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> Result<(), CliError> {
-    let mut lines = Lines { read: 0, id_prefix: args.id_prefix };
     if let Some(path) = &args.batch {
-        return batch(client, output, &args.topic, path, lines).await;
+        // Every line gets an id of a known prefix, chosen here when none was given, so a
+        // batch that fails after it may have been stored can be published again under the
+        // same ids (the note on failure names the prefix).
+        let (id_prefix, prefix_generated) = match args.id_prefix {
+            Some(prefix) => (prefix, false),
+            None => (generated_id_prefix(), true),
+        };
+        let lines = Lines { read: 0, id_prefix: Some(id_prefix) };
+        return batch(client, output, &args.topic, path, lines, prefix_generated).await;
     }
+    let mut lines = Lines { read: 0, id_prefix: args.id_prefix };
     let ack = AckMode::from(args.ack);
     match args.payload.as_deref() {
         Some("-") => {
@@ -148,7 +156,20 @@ pub(super) fn read_batch(reader: &mut impl BufRead, max: usize, lines: &mut Line
     Ok(messages)
 }
 
-async fn batch(client: &Client, output: &Output, topic: &str, path: &Path, mut lines: Lines) -> Result<(), CliError> {
+/// A prefix no other run chooses: a time-ordered UUID, so the ids of one run sit together
+/// in each node's dedup index.
+fn generated_id_prefix() -> String {
+    format!("{}-", uuid::Uuid::now_v7())
+}
+
+async fn batch(
+    client: &Client,
+    output: &Output,
+    topic: &str,
+    path: &Path,
+    mut lines: Lines,
+    prefix_generated: bool,
+) -> Result<(), CliError> {
     let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
@@ -170,19 +191,18 @@ async fn batch(client: &Client, output: &Output, topic: &str, path: &Path, mut l
             Err(error) => {
                 // Where to pick up: what was answered, and whether a rerun would repeat it.
                 let (from, to) = (answered_through + 1, lines.read);
-                output.note(&match (&lines.id_prefix, error.may_have_taken_effect()) {
-                    (Some(_), _) => format!(
-                        "batch {number} (lines {from}-{to}) failed; the batches before it were answered: \
-                         running the same command again publishes each line once"
-                    ),
-                    (None, true) => format!(
-                        "batch {number} (lines {from}-{to}) may have been stored; the batches before it were \
-                         answered; with --id-prefix a rerun would publish each line once"
-                    ),
-                    (None, false) => format!(
-                        "batch {number} (lines {from}-{to}) was not stored; the batches before it were answered"
-                    ),
-                });
+                let outcome = match error.may_have_taken_effect() {
+                    true => "may have been stored",
+                    false => "was not stored",
+                };
+                let rerun = match (&lines.id_prefix, prefix_generated) {
+                    (Some(prefix), true) => format!("the same command again with --id-prefix {prefix}"),
+                    _ => "the same command again".to_string(),
+                };
+                output.note(&format!(
+                    "batch {number} (lines {from}-{to}) {outcome}; the batches before it were answered: \
+                     running {rerun} publishes each line once"
+                ));
                 return Err(error.into());
             }
         };

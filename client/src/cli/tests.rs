@@ -42,6 +42,24 @@ fn attempts_flag_sets_the_retry_budget_and_refuses_zero() {
 }
 
 #[test]
+fn timeout_flag_is_not_capped_by_the_operation_timeout() {
+    let long = parsed(&["--timeout-ms", "60000", "topics", "list"]);
+    match build_client(&long) {
+        Ok(client) => {
+            assert_eq!(client.config().request_timeout, Duration::from_secs(60));
+            assert!(client.config().retry.operation_timeout >= Duration::from_secs(60));
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // A short one keeps the default budget for its retries.
+    let short = parsed(&["--timeout-ms", "500", "topics", "list"]);
+    match build_client(&short) {
+        Ok(client) => assert_eq!(client.config().retry.operation_timeout, limits::OPERATION_TIMEOUT_DEFAULT),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
 fn topics_subcommands_parse_with_metadata_checked_as_a_json_object() {
     let args = parsed(&["topics", "create", "orders", "--metadata", r#"{"retention_hours":24}"#]);
     match args.command {

@@ -190,6 +190,33 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
     assert!(publisher.is_closed());
 }
 
+/// A duplicate whose first publish is still in flight (`existing_sequence: null`) may yet
+/// fail on the leader, so the message may or may not end up stored: not a final `409`.
+#[tokio::test]
+async fn a_duplicate_still_in_flight_is_indeterminate_and_names_the_id() {
+    let node = leader(|mut socket| async move {
+        while let Some(frame) = next_json(&mut socket).await {
+            let answer = json!({"type": "error", "ref": frame["ref"], "error": "duplicate_message_id",
+                                "message": "in flight", "id": frame["id"], "existing_sequence": null,
+                                "details": {"existing_sequence": null}});
+            send(&mut socket, answer.to_string()).await;
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let outcome = publisher.publish(message("m-1")).await;
+    let in_flight = match &outcome {
+        Err(Error::Indeterminate { id: Some(id), source }) if id == "m-1" => {
+            matches!(&**source, Error::Api(e) if e.status == 409 && e.existing_sequence().is_none())
+        }
+        _ => false,
+    };
+    assert!(in_flight, "{outcome:?}");
+    // Only leadership refusals close the publisher.
+    assert!(!publisher.is_closed());
+}
+
 /// A node that stops leading still answers what it took, acks among them: the publisher
 /// takes no new publish after `not_leader`, but the ones in flight get their own answers,
 /// and the connection closes after the last.

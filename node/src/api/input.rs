@@ -4,11 +4,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery};
 use serde::de::DeserializeOwned;
 
+use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
 
@@ -55,12 +56,22 @@ pub fn percent_decoded(text: &str) -> Option<String> {
 ///
 /// A body that has not arrived within [`BODY_READ_TIMEOUT`] is `408 request_timeout`: a client
 /// trickling bytes (or stalled) must not hold a connection and its buffer forever.
-pub async fn body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    body_within(body, limit, BODY_READ_TIMEOUT).await
+///
+/// The body holds its size of the node's `budget` of request bodies until the last of its
+/// bytes is dropped (its payloads may live until their write is answered); room for what it
+/// announces, or for `limit`, is taken before any of it is read, and past
+/// [`BODY_READ_TIMEOUT`] without room the answer is `503 unavailable`.
+pub async fn body(budget: &ByteBudget, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    body_within(budget, body, limit, BODY_READ_TIMEOUT).await
 }
 
-async fn body_within(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+async fn body_within(budget: &ByteBudget, body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
     use futures_util::StreamExt;
+    let announced = HttpBody::size_hint(&body).exact().and_then(|n| usize::try_from(n).ok());
+    let Ok(mut room) = tokio::time::timeout(timeout, budget.take(announced.map_or(limit, |n| n.min(limit)))).await
+    else {
+        return Err(ApiError::Unavailable("the node is reading too many request bodies; retry shortly".into()));
+    };
     let too_large = || ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"));
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
@@ -81,7 +92,8 @@ async fn body_within(body: Body, limit: usize, timeout: Duration) -> Result<Byte
     if total > limit {
         return Err(too_large());
     }
-    Ok(buf.freeze())
+    ByteBudget::shrink(&mut room, buf.len());
+    Ok(ByteBudget::hold(Vec::from(buf), room))
 }
 
 /// Parses a JSON body; an empty body is `None`.
@@ -124,11 +136,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_does_not_arrive_in_time_is_a_request_timeout() {
+        let budget = ByteBudget::new(1 << 20);
         let never = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
-        let result = body_within(never, 1024, Duration::from_millis(50)).await;
+        let result = body_within(&budget, never, 1024, Duration::from_millis(50)).await;
         assert!(matches!(result, Err(ApiError::RequestTimeout(_))), "{result:?}");
-        let small = body_within(Body::from("{}"), 1024, Duration::from_millis(50)).await.unwrap();
+        let small = body_within(&budget, Body::from("{}"), 1024, Duration::from_millis(50)).await.unwrap();
         assert_eq!(&small[..], b"{}");
+    }
+
+    #[tokio::test]
+    async fn bodies_hold_their_bytes_of_the_budget_until_dropped() {
+        let budget = ByteBudget::new(1000);
+        // Announced sizes are taken before the read, and kept while the bytes live.
+        let first = body_within(&budget, Body::from(vec![b'x'; 600]), 1024, Duration::from_millis(50)).await.unwrap();
+        assert_eq!(budget.held(), 600);
+        // No room for another 600: it waits, then is told to come back.
+        let refused = body_within(&budget, Body::from(vec![b'y'; 600]), 1024, Duration::from_millis(50)).await;
+        assert!(matches!(refused, Err(ApiError::Unavailable(_))), "{refused:?}");
+        // A body of unknown size takes room for the limit while it is read, then only its size.
+        let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"ab"))]);
+        let streamed = body_within(&budget, Body::from_stream(chunks), 300, Duration::from_millis(50)).await.unwrap();
+        assert_eq!((&streamed[..], budget.held()), (&b"ab"[..], 602));
+        let slice = first.slice(0..10);
+        drop(first);
+        assert_eq!(budget.held(), 602, "a slice of the body still holds it");
+        drop((slice, streamed));
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -85,6 +85,17 @@ fn page_start(record: &raft_store::TopicRecord, after: u64) -> u64 {
     after.max(record.first_sequence.saturating_sub(1))
 }
 
+/// The `first_available_sequence` of a page read after `start` whose first message is
+/// `first_read`. The record was taken before the read: a retention trim applied in between
+/// makes the page start above `start + 1`, and the record's lower value would then hide that
+/// the messages in between expired. A page starting right after `start` keeps the record's.
+fn first_available(record_first: u64, start: u64, first_read: Option<u64>) -> u64 {
+    match first_read {
+        Some(first) if first > start.saturating_add(1) => record_first.max(first),
+        _ => record_first,
+    }
+}
+
 /// Builds the response body by hand so stored payload bytes are copied, not re-parsed.
 /// The body counts against the node's budget of pages read, and its client's share of it,
 /// until it has been sent.
@@ -115,6 +126,7 @@ async fn page(
     let start = page_start(record, after);
     let messages = app.reader.read_messages_settled(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
+    let first_available_sequence = first_available(record.first_sequence, start, messages.first().map(|(seq, _)| *seq));
     let mut out = Vec::with_capacity(256 + messages.iter().map(|(_, m)| m.payload.len() + 96).sum::<usize>());
     out.extend_from_slice(b"{\"messages\":[");
     for (i, (sequence, message)) in messages.iter().enumerate() {
@@ -131,7 +143,7 @@ async fn page(
             // The read may see messages applied after the record was taken: the body never
             // says the topic ends before a message it holds.
             record.current_sequence.max(next_cursor),
-            record.first_sequence
+            first_available_sequence
         )
         .as_bytes(),
     );
@@ -140,4 +152,27 @@ async fn page(
         ByteBudget::shrink(own, out.len());
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], ByteBudget::hold(out, (own, reserved))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_available;
+
+    #[test]
+    fn a_page_starting_at_its_start_keeps_the_records_first_sequence() {
+        // Read after 4 (the cursor), first message 5: nothing expired in between.
+        assert_eq!(first_available(3, 4, Some(5)), 3);
+        // Below the retained range the page starts at the record's first.
+        assert_eq!(first_available(10, 9, Some(10)), 10);
+        // An empty page has nothing to say about retention.
+        assert_eq!(first_available(3, 4, None), 3);
+    }
+
+    #[test]
+    fn a_page_starting_above_its_start_reports_its_first_message_at_least() {
+        // Trimmed to 8 after the record (first 3) was taken: 5 to 7 expired.
+        assert_eq!(first_available(3, 4, Some(8)), 8);
+        // A cursor below the range starts behind the record's first (5); trimmed to 9 since.
+        assert_eq!(first_available(5, 4, Some(9)), 9);
+    }
 }

@@ -18,8 +18,8 @@ use super::topics::active;
 use crate::app::{InflightGuard, QueuedWrite, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{
-    BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX, PUBLISH_BODY_BYTES_MAX,
-    WRITE_TIMEOUT,
+    APPENDED_ENTRY_OVERHEAD_BYTES, BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX,
+    PUBLISH_BODY_BYTES_MAX, WRITE_TIMEOUT,
 };
 use crate::metrics::Outcome;
 use crate::propose::Committed;
@@ -248,7 +248,7 @@ pub async fn publish(
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
     let mode = ack_mode(&input::query(query)?)?;
-    let bytes = input::body(body, PUBLISH_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app.request_bodies, body, PUBLISH_BODY_BYTES_MAX).await?;
     let Incoming { message, id_generated } = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
@@ -264,8 +264,8 @@ pub async fn publish(
         app.metrics.count_publish(Outcome::Duplicate, 1);
         return Err(ApiError::DuplicateMessageId { id, existing_sequence: None });
     };
-    // Ids count too: a 256-character id with a payload of `0` is most of its entry.
-    let appended_bytes = message.payload.len() + id.len();
+    // Ids, the topic and the entry itself count too: with a payload of `0` they are most of it.
+    let appended_bytes = message.payload.len() + id.len() + topic.len() + APPENDED_ENTRY_OVERHEAD_BYTES;
     let request = Request::publish(topic.clone(), vec![message], app.now_ms(), id_generated);
 
     if mode == AckMode::Appended {
@@ -292,7 +292,8 @@ pub async fn publish(
 
     let written = app.write(request, &where_).await;
     drop(guard);
-    let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
+    let written =
+        written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1)).map_err(|e| e.naming_id(&id))?;
     let sequence = stored_sequence(&app, &topic, &id, written.response)?;
     let body = PublishAnswer {
         id: &id,
@@ -360,7 +361,7 @@ pub async fn batch(
             "a batch is answered after commit only: ack=appended is not offered".into(),
         ));
     }
-    let bytes = input::body(body, BATCH_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app.request_bodies, body, BATCH_BODY_BYTES_MAX).await?;
     let batch: BatchIn = parse(&bytes)?;
     // More than the maximum is refused while parsing (`at_most_batch_messages`).
     if batch.messages.is_empty() {

@@ -33,7 +33,8 @@ use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
     PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX,
-    PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_SEND_TIMEOUT,
+    PUBLISH_WS_IDLE_TIMEOUT, PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_PING_INTERVAL,
+    PUBLISH_WS_REF_BYTES_MAX, PUBLISH_WS_SEND_TIMEOUT,
 };
 
 #[derive(Deserialize)]
@@ -97,6 +98,11 @@ fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
     }
 }
 
+/// `reference` when it is short enough to echo ([`PUBLISH_WS_REF_BYTES_MAX`]), else `None`.
+fn echoable(reference: Option<&RawValue>) -> Option<&RawValue> {
+    reference.filter(|r| r.get().len() <= PUBLISH_WS_REF_BYTES_MAX)
+}
+
 /// Frames read together, with their share of the connection's room in flight.
 struct Group {
     frames: Vec<Utf8Bytes>,
@@ -118,7 +124,26 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     // write (and syscall) per ack.
     let writer = tokio::spawn(async move {
         let _stopped = stopped.drop_guard();
-        while let Some(text) = rx.recv().await {
+        // Pings make a live client answer (its WebSocket library sends the pong as it reads),
+        // so the reader below can tell a silent connection from an idle one.
+        let mut ping = tokio::time::interval(PUBLISH_WS_PING_INTERVAL);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.reset();
+        loop {
+            let text = tokio::select! {
+                biased;
+                text = rx.recv() => match text {
+                    Some(text) => text,
+                    None => break,
+                },
+                _ = ping.tick() => {
+                    let pinged = tokio::time::timeout(PUBLISH_WS_SEND_TIMEOUT, sink.send(Message::Ping(Default::default())));
+                    if !matches!(pinged.await, Ok(Ok(()))) {
+                        return;
+                    }
+                    continue;
+                }
+            };
             // The batch's other publish tasks were woken with the one that sent this answer:
             // yielding once lets them queue their answers for this same write (measured: about
             // 2 acks per send without it).
@@ -141,6 +166,10 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     tokio::spawn(propose_in_order(app.clone(), topic.clone(), to_propose, tx.clone()));
     let mut open = true;
     let mut close_with: CloseWith = (1000, "");
+    // Nothing read for this long (no frame, no pong to the writer's pings) while the server
+    // waited to read: the client is gone, or sent part of a frame and stopped.
+    let idle = tokio::time::sleep(PUBLISH_WS_IDLE_TIMEOUT);
+    tokio::pin!(idle);
     while open {
         let first = tokio::select! {
             m = stream.next() => m,
@@ -149,7 +178,12 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                 break;
             }
             _ = writer_stopped.cancelled() => break,
+            () = &mut idle => {
+                close_with = (1001, "nothing read from the client, not even a pong");
+                break;
+            }
         };
+        idle.as_mut().reset(tokio::time::Instant::now() + PUBLISH_WS_IDLE_TIMEOUT);
         let mut group = match read_frame(first) {
             Read::Text(text) => vec![text],
             Read::Other => continue,
@@ -205,6 +239,8 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
         }) else {
             break;
         };
+        // Counted from here: the wait for room above was the server's, not the client's.
+        idle.as_mut().reset(tokio::time::Instant::now() + PUBLISH_WS_IDLE_TIMEOUT);
         if too_large {
             let _ = tx.send(too_large_frame()).await;
             close_with = (1009, "publish frame too large");
@@ -311,10 +347,15 @@ fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
             Err(e) => {
                 let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
                 let error = ApiError::InvalidRequest(format!("invalid frame: {e}"));
-                answers[at] = error_frame(reference.as_deref(), &error);
+                answers[at] = error_frame(echoable(reference.as_deref()), &error);
                 continue;
             }
         };
+        if frame.reference.as_deref().is_some_and(|r| echoable(Some(r)).is_none()) {
+            let e = ApiError::InvalidRequest(format!("`ref` is limited to {PUBLISH_WS_REF_BYTES_MAX} bytes of JSON"));
+            answers[at] = error_frame(None, &e);
+            continue;
+        }
         if frame.kind != "publish" {
             let e = ApiError::InvalidRequest("frames must have type \"publish\"".into());
             answers[at] = error_frame(frame.reference.as_deref(), &e);

@@ -80,7 +80,7 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = input::topic_name(path)?;
-    let bytes = input::body(body, TOPIC_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app.request_bodies, body, TOPIC_BODY_BYTES_MAX).await?;
     let (metadata, retention) = creation_metadata(&bytes)?;
     app.require_leader(&input::path_and_query(&uri))?;
     if active(&app, &name).is_ok() {

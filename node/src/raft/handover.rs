@@ -22,7 +22,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use raft_store::typ::{Raft, Vote};
 use raft_store::NodeId;
 
-use super::codec::RpcRequest;
+use super::codec::{RpcRequest, RpcResponse};
 use super::network::PeerPool;
 use crate::limits::{HANDOVER_CATCH_UP_TIMEOUT, HANDOVER_RPC_TIMEOUT};
 
@@ -86,7 +86,14 @@ impl Handover {
         let step_down = |(id, addr): (NodeId, String), elect: bool| async move {
             let request = RpcRequest::StepDown { target: id, vote, elect };
             match peers.conn(id, &addr).call(request, HANDOVER_RPC_TIMEOUT).await {
-                Ok(_) => true,
+                Ok(RpcResponse::SteppedDown) => true,
+                // A voter that could not read the request (an older build) or is not `id`
+                // (a stale address) did not take it: counting it would let the successor stand
+                // before enough voters stopped waiting out the lease.
+                Ok(other) => {
+                    tracing::warn!(node = id, answer = ?other, "a voter did not take this leader's step-down");
+                    false
+                }
                 Err(e) => {
                     tracing::warn!(node = id, error = %e, "could not tell a voter that this leader stepped down");
                     false

@@ -448,10 +448,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RPCError> {
         let entries = req.entries.len() as u64;
-        if let Some(cap) = self.entries_cap.take() {
-            if entries > cap {
-                // openraft keeps the hint for the next few AppendEntries.
-                return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(cap)));
+        // Only a send of several entries answers the cap: the heartbeats carrying a commit
+        // index that openraft sends after the timeout would otherwise spend it.
+        if entries > 1 {
+            if let Some(cap) = self.entries_cap.take() {
+                if entries > cap {
+                    // openraft keeps the hint for the next few AppendEntries.
+                    return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(cap)));
+                }
             }
         }
         if entries > 1 && bincode::serialized_size(&req).unwrap_or(0) > APPEND_ENTRIES_BYTES_MAX {
@@ -619,6 +623,8 @@ mod tests {
         let option = RPCOption::new(Duration::from_millis(100));
         let first = client.append_entries(request(8), option.clone()).await;
         assert!(matches!(first, Err(RPCError::Network(_))), "{first:?}");
+        // A heartbeat in between (openraft sends one for a commit index) keeps the cap.
+        let _ = client.append_entries(request(0), option.clone()).await;
         let next = client.append_entries(request(8), option.clone()).await;
         match next {
             Err(RPCError::PayloadTooLarge(hint)) => assert_eq!(hint.entries_hint(), 4),

@@ -107,6 +107,7 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
         session.topic.clone(),
         session.subscriber_id.clone(),
         out.heard.clone(),
+        session.feed.clone(),
         Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone() },
     ));
 
@@ -137,6 +138,7 @@ async fn listen(
     topic: String,
     subscriber_id: String,
     heard: Arc<std::sync::Mutex<Instant>>,
+    feed: watch::Receiver<raft_store::TopicSignal>,
     signals: Signals,
 ) {
     while let Some(Ok(message)) = stream.next().await {
@@ -144,6 +146,10 @@ async fn listen(
         match message {
             Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
                 Ok(ClientFrame::Ack { sequence }) => {
+                    // An ack past the topic's end means "all of it": the end as of now. Capped
+                    // only when the coalesced acks are applied (up to a flush interval later),
+                    // it would also cover messages committed meanwhile, never delivered.
+                    let sequence = sequence.min(feed.borrow().current_sequence);
                     if app.acks.record(&topic, &subscriber_id, sequence) {
                         signals.acks_refused.notify_one();
                     }
