@@ -690,6 +690,12 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     let answer = next_frame(&mut ws).await;
     assert_eq!((&answer["type"], &answer["ref"]), (&json!("ack"), &json!("r".repeat(254))), "{answer}");
     sequences.insert(50, answer["sequence"].as_u64().unwrap());
+    // The parser's message quotes the bad value: cut short, a megabyte of it is not echoed.
+    let huge = json!({"type": "publish", "ref": "huge", "payload": 1, "timestamp": "t".repeat(500_000)});
+    ws.send(Message::Text(huge.to_string().into())).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!((&answer["ref"], &answer["error"]), (&json!("huge"), &json!("invalid_request")));
+    assert!(answer.to_string().len() < 1000, "{} bytes", answer.to_string().len());
     // Every acked message is readable with the sequence it was acked with.
     let (_, body) = http::get_json(&format!("{l}/topics/w/messages?after=0&limit=100")).await.unwrap();
     for m in body["messages"].as_array().unwrap() {

@@ -24,6 +24,9 @@ pub const PUBLISH_WS_INFLIGHT_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// waiting for a client that does not read are bounded by count, so a megabyte `ref` per
 /// frame would hold gigabytes per connection.
 pub const PUBLISH_WS_REF_BYTES_MAX: usize = 256;
+/// Characters of a parser's message in a publishing WebSocket's `invalid_request` answer: the
+/// message quotes the offending value, which may be a megabyte.
+pub const PUBLISH_WS_ERROR_TEXT_CHARS_MAX: usize = 200;
 /// How often a publishing WebSocket pings its client, and how long it waits to read anything
 /// (a frame, a pong) before it closes the connection: a half-open connection, or one that sent
 /// part of a frame and stopped, would otherwise hold its buffers and tasks for good.
@@ -43,10 +46,14 @@ pub const PUBLISH_WS_GROUP_BYTES_MAX: usize = 1024 * 1024;
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// Request bodies a node reads and holds at once, in bytes (room for the announced size, or
-/// the limit, is taken before the read): sixteen slow uploads of 16 MiB batches, not one per
-/// connection the clients can open.
+/// Request bodies a node reads and holds at once, in bytes (taken as the bytes arrive, held
+/// until the request is answered): sixteen 16 MiB batches, not one per connection the clients
+/// can open.
 pub const REQUEST_BODIES_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// How long a chunk of a request body waits for room in [`REQUEST_BODIES_BYTES_MAX`] before
+/// the request is answered `503 unavailable`: well within a client's request timeout (the
+/// Rust client's is 10 s), so the client learns that nothing was stored.
+pub const REQUEST_BODY_ROOM_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Bytes of a too-large body read and dropped before answering 413, so the client gets the
 /// answer instead of a connection reset; beyond this the connection is simply closed.

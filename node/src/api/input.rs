@@ -4,14 +4,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery};
 use serde::de::DeserializeOwned;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::budget::ByteBudget;
 use crate::error::ApiError;
-use crate::limits::{BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, TOPIC_NAME_CHARS_MAX};
+use crate::limits::{
+    BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, REQUEST_BODY_ROOM_TIMEOUT, TOPIC_NAME_CHARS_MAX,
+};
 
 /// The topic name from the path, checked against `[A-Za-z0-9._-]{1,255}`.
 pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -58,29 +61,38 @@ pub fn percent_decoded(text: &str) -> Option<String> {
 /// trickling bytes (or stalled) must not hold a connection and its buffer forever.
 ///
 /// The body holds its size of the node's `budget` of request bodies until the last of its
-/// bytes is dropped (its payloads may live until their write is answered); room for what it
-/// announces, or for `limit`, is taken before any of it is read, and past
-/// [`BODY_READ_TIMEOUT`] without room the answer is `503 unavailable`.
+/// bytes is dropped. Room is taken as the bytes arrive, so a client that announces a large
+/// body and sends nothing holds nothing; a chunk that finds no room within
+/// [`REQUEST_BODY_ROOM_TIMEOUT`] is answered `503 unavailable` (the connection then closes).
 pub async fn body(budget: &ByteBudget, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    body_within(budget, body, limit, BODY_READ_TIMEOUT).await
+    body_within(budget, body, limit, BODY_READ_TIMEOUT, REQUEST_BODY_ROOM_TIMEOUT).await
 }
 
-async fn body_within(budget: &ByteBudget, body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+async fn body_within(
+    budget: &ByteBudget,
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+    room_timeout: Duration,
+) -> Result<Bytes, ApiError> {
     use futures_util::StreamExt;
-    let announced = HttpBody::size_hint(&body).exact().and_then(|n| usize::try_from(n).ok());
-    let Ok(mut room) = tokio::time::timeout(timeout, budget.take(announced.map_or(limit, |n| n.min(limit)))).await
-    else {
-        return Err(ApiError::Unavailable("the node is reading too many request bodies; retry shortly".into()));
-    };
     let too_large = || ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"));
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;
+    let mut room: Option<OwnedSemaphorePermit> = None;
     let read = async {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
             total += chunk.len();
             if total <= limit {
+                let Ok(more) = tokio::time::timeout(room_timeout, budget.take(chunk.len())).await else {
+                    return Err(ApiError::Unavailable("the node holds too many request bodies; retry shortly".into()));
+                };
+                match room.as_mut() {
+                    Some(room) => room.merge(more),
+                    None => room = Some(more),
+                }
                 buf.extend_from_slice(&chunk);
             } else if total > limit.saturating_add(BODY_DRAIN_BYTES_MAX) {
                 break;
@@ -92,7 +104,6 @@ async fn body_within(budget: &ByteBudget, body: Body, limit: usize, timeout: Dur
     if total > limit {
         return Err(too_large());
     }
-    ByteBudget::shrink(&mut room, buf.len());
     Ok(ByteBudget::hold(Vec::from(buf), room))
 }
 
@@ -134,32 +145,35 @@ mod tests {
         assert!(!ok("é"));
     }
 
+    const SOON: Duration = Duration::from_millis(50);
+
     #[tokio::test]
     async fn a_body_that_does_not_arrive_in_time_is_a_request_timeout() {
         let budget = ByteBudget::new(1 << 20);
         let never = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
-        let result = body_within(&budget, never, 1024, Duration::from_millis(50)).await;
+        let result = body_within(&budget, never, 1024, SOON, SOON).await;
         assert!(matches!(result, Err(ApiError::RequestTimeout(_))), "{result:?}");
-        let small = body_within(&budget, Body::from("{}"), 1024, Duration::from_millis(50)).await.unwrap();
+        assert_eq!(budget.held(), 0, "a body that sent nothing holds nothing");
+        let small = body_within(&budget, Body::from("{}"), 1024, SOON, SOON).await.unwrap();
         assert_eq!(&small[..], b"{}");
     }
 
     #[tokio::test]
     async fn bodies_hold_their_bytes_of_the_budget_until_dropped() {
         let budget = ByteBudget::new(1000);
-        // Announced sizes are taken before the read, and kept while the bytes live.
-        let first = body_within(&budget, Body::from(vec![b'x'; 600]), 1024, Duration::from_millis(50)).await.unwrap();
+        let first = body_within(&budget, Body::from(vec![b'x'; 600]), 1024, SOON, SOON).await.unwrap();
         assert_eq!(budget.held(), 600);
         // No room for another 600: it waits, then is told to come back.
-        let refused = body_within(&budget, Body::from(vec![b'y'; 600]), 1024, Duration::from_millis(50)).await;
+        let refused = body_within(&budget, Body::from(vec![b'y'; 600]), 1024, SOON, SOON).await;
         assert!(matches!(refused, Err(ApiError::Unavailable(_))), "{refused:?}");
-        // A body of unknown size takes room for the limit while it is read, then only its size.
-        let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"ab"))]);
-        let streamed = body_within(&budget, Body::from_stream(chunks), 300, Duration::from_millis(50)).await.unwrap();
-        assert_eq!((&streamed[..], budget.held()), (&b"ab"[..], 602));
+        assert_eq!(budget.held(), 600, "the refused body gave its room back");
+        let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cd")].map(Ok::<_, std::io::Error>);
+        let streamed =
+            body_within(&budget, Body::from_stream(futures_util::stream::iter(chunks)), 300, SOON, SOON).await.unwrap();
+        assert_eq!((&streamed[..], budget.held()), (&b"abcd"[..], 604));
         let slice = first.slice(0..10);
         drop(first);
-        assert_eq!(budget.held(), 602, "a slice of the body still holds it");
+        assert_eq!(budget.held(), 604, "a slice of the body still holds it");
         drop((slice, streamed));
         assert_eq!(budget.held(), 0);
     }

@@ -270,7 +270,7 @@ pub async fn publish(
 
     if mode == AckMode::Appended {
         let Ok(room) = tokio::time::timeout(WRITE_TIMEOUT, app.appended_bytes.take(appended_bytes)).await else {
-            return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis()));
+            return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis()).naming_id(&id));
         };
         let mut receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
         // Keep the id in flight for a while, so a quick retry is a duplicate, and the bytes

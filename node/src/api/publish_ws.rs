@@ -9,7 +9,9 @@
 //! A connection's messages are stored in the order sent: one task per connection queues its
 //! groups of frames in turn, and only their commits are awaited together.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -21,6 +23,7 @@ use futures_util::stream::SplitSink;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use raft_store::{NewMessage, PublishResult};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -32,9 +35,9 @@ use crate::app::SharedApp;
 use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
-    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX,
-    PUBLISH_WS_IDLE_TIMEOUT, PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_PING_INTERVAL,
-    PUBLISH_WS_REF_BYTES_MAX, PUBLISH_WS_SEND_TIMEOUT,
+    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX, PUBLISH_WS_GROUP_BYTES_MAX,
+    PUBLISH_WS_GROUP_FRAMES_MAX, PUBLISH_WS_IDLE_TIMEOUT, PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX,
+    PUBLISH_WS_PING_INTERVAL, PUBLISH_WS_REF_BYTES_MAX, PUBLISH_WS_SEND_TIMEOUT,
 };
 
 #[derive(Deserialize)]
@@ -89,12 +92,25 @@ struct AckFrame<'a> {
 /// An error answer: the error body with `type` and `ref`, the `ref` echoed byte for byte as
 /// the client wrote it (parsed into a number, a large one would come back changed).
 fn error_frame(reference: Option<&RawValue>, e: &ApiError) -> String {
-    let body = e.body().to_string();
+    frame_with_body(reference, &e.body().to_string())
+}
+
+/// An error frame of `body`, an error body serialized.
+fn frame_with_body(reference: Option<&RawValue>, body: &str) -> String {
     let reference = reference.map_or("null", |r| r.get());
     // The body is an object with fields (error, message, details): splice ours in front.
     match body.strip_prefix('{').filter(|fields| *fields != "}") {
         Some(fields) => format!("{{\"type\":\"error\",\"ref\":{reference},{fields}"),
         None => format!("{{\"type\":\"error\",\"ref\":{reference}}}"),
+    }
+}
+
+/// `text` cut to [`PUBLISH_WS_ERROR_TEXT_CHARS_MAX`] characters: serde's messages quote the
+/// offending value, and every frame's answer waits in a queue bounded by count.
+fn truncated(text: &str) -> String {
+    match text.char_indices().nth(PUBLISH_WS_ERROR_TEXT_CHARS_MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 
@@ -120,6 +136,12 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     // reading more publishes whose answers cannot be sent would be pointless.
     let writer_stopped = CancellationToken::new();
     let stopped = writer_stopped.clone();
+    // When the writer last got answers through, in ms from `opened`: a client taking a long
+    // burst of answers slowly is alive even while it sends nothing.
+    let opened = tokio::time::Instant::now();
+    let written_at = Arc::new(AtomicU64::new(0));
+    let written = written_at.clone();
+    let progress = move || written.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     // Answers of one committed batch arrive together: they go out in one write, not one
     // write (and syscall) per ack.
     let writer = tokio::spawn(async move {
@@ -141,6 +163,8 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
                     if !matches!(pinged.await, Ok(Ok(()))) {
                         return;
                     }
+                    // Not progress: a ping fits in the socket's buffer whether or not the
+                    // client reads; its pong is what counts.
                     continue;
                 }
             };
@@ -151,6 +175,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             if !send_answers(&mut sink, text, &mut rx).await {
                 return;
             }
+            progress();
         }
         // Every answer is out: say why the connection ends.
         if let Ok((code, reason)) = close_rx.await {
@@ -167,7 +192,8 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     let mut open = true;
     let mut close_with: CloseWith = (1000, "");
     // Nothing read for this long (no frame, no pong to the writer's pings) while the server
-    // waited to read: the client is gone, or sent part of a frame and stopped.
+    // waited to read, and nothing written either: the client is gone, or sent part of a frame
+    // and stopped.
     let idle = tokio::time::sleep(PUBLISH_WS_IDLE_TIMEOUT);
     tokio::pin!(idle);
     while open {
@@ -179,6 +205,11 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             }
             _ = writer_stopped.cancelled() => break,
             () = &mut idle => {
+                let written = opened + Duration::from_millis(written_at.load(Ordering::Relaxed));
+                if written + PUBLISH_WS_IDLE_TIMEOUT > tokio::time::Instant::now() {
+                    idle.as_mut().reset(written + PUBLISH_WS_IDLE_TIMEOUT);
+                    continue;
+                }
                 close_with = (1001, "nothing read from the client, not even a pong");
                 break;
             }
@@ -346,7 +377,7 @@ fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
             Ok(frame) => frame,
             Err(e) => {
                 let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
-                let error = ApiError::InvalidRequest(format!("invalid frame: {e}"));
+                let error = ApiError::InvalidRequest(format!("invalid frame: {}", truncated(&e.to_string())));
                 answers[at] = error_frame(echoable(reference.as_deref()), &error);
                 continue;
             }
@@ -443,6 +474,17 @@ fn answer_group(out: &mut [String], accepted: &[Accepted], outcome: Result<(Vec<
                         error_frame(reference, &e)
                     }
                 };
+            }
+        }
+        // After these the message may still commit: each answer names its id (which the node
+        // may have generated), as an HTTP publish's does.
+        Err(e @ (ApiError::RaftTimeout(_) | ApiError::NotCommitted(_))) => {
+            let cause = e.body();
+            for a in accepted {
+                let mut body = cause.clone();
+                body["id"] = json!(a.id);
+                body["details"]["id"] = json!(a.id);
+                out[a.at] = frame_with_body(a.reference.as_deref(), &body.to_string());
             }
         }
         Err(e) => {
