@@ -29,7 +29,7 @@ pub struct Flags {
     #[arg(long, env = "PUBSUB_ADVERTISE")]
     pub advertise: Option<String>,
 
-    /// Where RocksDB and snapshots live [default: ./data/node-ID].
+    /// Where RocksDB, the Raft log's segment files and snapshots live [default: ./data/node-ID].
     #[arg(long, env = "PUBSUB_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 
