@@ -413,6 +413,20 @@ async fn reads_page_and_long_poll() {
     assert_eq!(r.body["messages"][0]["payload"], "late");
     assert!(started.elapsed() < Duration::from_secs(5));
 
+    // A cursor past this node's end (handed out by a node further along): a long poll waits
+    // for this node to reach it; a wait that ends first is refused, as a plain read is.
+    let poll = tokio::spawn({
+        let f = f.clone();
+        async move { get(&format!("{f}/topics/t/messages?after=7&wait_ms=10000")).await.unwrap() }
+    });
+    for payload in ["seventh", "eighth"] {
+        post(&format!("{l}/topics/t/messages"), &json!({ "payload": payload })).await.unwrap();
+    }
+    let r = poll.await.unwrap();
+    assert_eq!((r.status, &r.body["messages"][0]["sequence"]), (200, &json!(8)), "{r:?}");
+    let r = get(&format!("{f}/topics/t/messages?after=20&wait_ms=300")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_cursor"), "{r:?}");
+
     // A topic retention trimmed to nothing has no message to return: the long-poll waits its
     // time instead of answering an empty page at once (a client following it would spin).
     post(&format!("{l}/topics/gone"), &json!({"metadata": {"retention_bytes": 1}})).await.unwrap();

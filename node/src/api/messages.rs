@@ -37,17 +37,20 @@ pub async fn read(
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
     let record = active(&app, &topic)?;
+    let beyond = |n: u64, current: u64| {
+        ApiError::InvalidCursor(format!("after={n} is beyond the topic's current_sequence {current}"))
+    };
     let after = match number(&query, "after") {
         None => 0,
-        Some(Ok(n)) if n <= record.current_sequence => n,
-        Some(Ok(n)) => {
-            return Err(ApiError::InvalidCursor(format!(
-                "after={n} is beyond the topic's current_sequence {}",
-                record.current_sequence
-            )))
-        }
+        Some(Ok(n)) => n,
         Some(Err(())) => return Err(ApiError::InvalidCursor("after must be a non-negative integer".into())),
     };
+    // A cursor past this node's end may come from a node further along (this one may lag the
+    // leader): a long poll waits for this node to reach it, and refuses it only then.
+    let long_poll = matches!(number(&query, "wait_ms"), Some(Ok(n)) if n > 0 && n <= READ_WAIT_MS_MAX);
+    if after > record.current_sequence && !long_poll {
+        return Err(beyond(after, record.current_sequence));
+    }
     let limit = match number(&query, "limit") {
         None => READ_LIMIT_DEFAULT,
         Some(Ok(n)) if (1..=READ_LIMIT_MAX as u64).contains(&n) => n as usize,
@@ -71,10 +74,16 @@ pub async fn read(
         if (record.current_sequence > page_start(&record, after) && settled) || wait_ms == 0 {
             return page(&app, client, &record, after, limit).await;
         }
-        tokio::select! {
-            changed = watch.changed() => if changed.is_err() { return page(&app, client, &record, after, limit).await },
-            _ = tokio::time::sleep_until(deadline) => return page(&app, client, &record, after, limit).await,
-            _ = app.shutdown.cancelled() => return page(&app, client, &record, after, limit).await,
+        let end = tokio::select! {
+            changed = watch.changed() => changed.is_err(),
+            _ = tokio::time::sleep_until(deadline) => true,
+            _ = app.shutdown.cancelled() => true,
+        };
+        if end {
+            if after > record.current_sequence {
+                return Err(beyond(after, record.current_sequence));
+            }
+            return page(&app, client, &record, after, limit).await;
         }
     }
 }
