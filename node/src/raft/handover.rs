@@ -157,6 +157,66 @@ mod tests {
         assert_eq!(others_needed(5), 2);
     }
 
+    /// A mock voter at the returned address: answers every request with `answer()` after
+    /// `delay`, and sends the time each request arrived, with its `elect`, to `heard`.
+    async fn voter(
+        answer: fn() -> RpcResponse,
+        delay: std::time::Duration,
+        heard: tokio::sync::mpsc::UnboundedSender<(bool, tokio::time::Instant)>,
+    ) -> String {
+        use futures_util::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
+
+        use crate::raft::codec::{decode, encode, Frame};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address").to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+                let heard = heard.clone();
+                tokio::spawn(async move {
+                    while let Some(Ok(message)) = ws.next().await {
+                        let Message::Binary(bytes) = message else { continue };
+                        let Ok(frame) = decode::<RpcRequest>(&bytes) else { continue };
+                        let elect = matches!(frame.body, RpcRequest::StepDown { elect: true, .. });
+                        let _ = heard.send((elect, tokio::time::Instant::now()));
+                        tokio::time::sleep(delay).await;
+                        let answer = encode(&Frame { id: frame.id, body: answer() }).expect("encode");
+                        let _ = ws.send(Message::Binary(answer.into())).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Of five voters, the successor needs two others to have taken the step-down. A voter
+    /// that could not read it (an older build) has not: the successor is told only once a
+    /// second voter has, here the slow one.
+    #[tokio::test]
+    async fn a_voter_that_cannot_read_the_step_down_does_not_count() {
+        use std::time::Duration;
+        const SLOW: Duration = Duration::from_millis(300);
+        let (heard, mut told) = tokio::sync::mpsc::unbounded_channel();
+        let none = tokio::sync::mpsc::unbounded_channel().0;
+        let undecodable = voter(|| RpcResponse::Undecodable, Duration::ZERO, none.clone()).await;
+        let quick = voter(|| RpcResponse::SteppedDown, Duration::ZERO, none.clone()).await;
+        let slow = voter(|| RpcResponse::SteppedDown, SLOW, none).await;
+        let successor = voter(|| RpcResponse::SteppedDown, Duration::ZERO, heard).await;
+        let handover = Handover {
+            vote: Vote::new_committed(3, 1),
+            successor: (5, successor),
+            others: vec![(2, undecodable), (3, quick), (4, slow)],
+        };
+        let intro = super::super::network::Introduction { secret: None, cluster_id: std::sync::Arc::new(|| None) };
+        let peers = PeerPool::new(crate::net::Env::production(None), intro);
+        let started = tokio::time::Instant::now();
+        assert!(handover.run(&peers).await, "the successor took it");
+        let (elect, at) = told.recv().await.expect("the successor was told");
+        assert!(elect, "told to stand");
+        assert!(at - started >= SLOW, "told {:?} after the start, before the slow voter took it", at - started);
+    }
+
     #[test]
     fn a_leader_alone_has_no_successor() {
         assert_eq!(successor(&metrics(1, &[]), 1), None);
