@@ -70,6 +70,15 @@ pub(crate) fn base_of_location(location: &str) -> Option<Url> {
     parse_base(&format!("{host}:{port}")).ok()
 }
 
+/// Refuses `.` and `..` as a topic name or subscriber id in a path: URLs take them (and their
+/// percent-encoded forms) for directory steps, so the request would reach another endpoint.
+pub(crate) fn check_path_segment(segment: &str) -> Result<(), Error> {
+    match segment {
+        "." | ".." => Err(Error::InvalidArgument(format!("{segment:?} cannot be a topic name or an id in a URL path"))),
+        _ => Ok(()),
+    }
+}
+
 /// `base` + path segments (each percent-encoded) + query pairs.
 pub(crate) fn http_url(base: &Url, segments: &[&str], query: &[(&str, String)]) -> Url {
     let mut url = base.clone();
@@ -168,5 +177,17 @@ mod tests {
     fn publish_url_is_a_websocket_url_with_the_topic_encoded() {
         assert_eq!(publish_url(&base("h:1"), "orders").as_str(), "ws://h:1/topics/orders/publish");
         assert_eq!(publish_url(&base("h:1"), "a b").as_str(), "ws://h:1/topics/a%20b/publish");
+    }
+
+    #[test]
+    fn dot_segments_are_refused_before_any_url_is_built() {
+        for dots in [".", ".."] {
+            assert!(matches!(check_path_segment(dots), Err(Error::InvalidArgument(_))), "{dots}");
+        }
+        for fine in ["...", ".a", "a.", "orders.v1"] {
+            assert!(check_path_segment(fine).is_ok(), "{fine}");
+        }
+        // What a dot segment would have become: another endpoint.
+        assert_eq!(http_url(&base("h:1"), &["topics", "..", "messages"], &[]).path(), "/topics/messages");
     }
 }

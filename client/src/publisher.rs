@@ -125,6 +125,7 @@ impl Client {
     /// # }
     /// ```
     pub async fn publisher(&self, topic: &str) -> Result<Publisher, Error> {
+        crate::endpoint::check_path_segment(topic)?;
         let (socket, node) = connect::connect(self, topic).await?;
         Ok(Publisher::start(self.clone(), topic, node, socket))
     }

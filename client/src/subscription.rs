@@ -273,6 +273,7 @@ impl Client {
     /// # }
     /// ```
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription, Error> {
+        crate::endpoint::check_path_segment(topic)?;
         let id_chars = options.subscriber_id.chars().count();
         if id_chars == 0 || id_chars > limits::SUBSCRIBER_ID_CHARS_MAX {
             return Err(Error::InvalidArgument(format!(

@@ -41,6 +41,9 @@ pub(super) async fn read(client: &Client, output: &Output, args: ReadArgs) -> Re
     if output.json {
         return output.json_line(&page);
     }
+    if let Some(note) = expired_before(args.after, page.first_available_sequence) {
+        output.note(&note);
+    }
     for message in &page.messages {
         output.line(&format_message(message))?;
     }
@@ -51,6 +54,16 @@ pub(super) async fn read(client: &Client, output: &Output, args: ReadArgs) -> Re
         page.current_sequence
     ));
     Ok(())
+}
+
+/// The note for a page read after `after` whose topic now starts at `first_available`: the
+/// messages in between expired under retention (`None` when none did).
+pub(super) fn expired_before(after: u64, first_available: u64) -> Option<String> {
+    (first_available > after.saturating_add(1)).then(|| {
+        format!(
+            "messages after #{after} and before #{first_available} expired (retention); the page starts at #{first_available}"
+        )
+    })
 }
 
 fn generated_id() -> String {
@@ -93,9 +106,13 @@ async fn print_events(
     if count == Some(0) {
         return Ok(());
     }
+    // One listener for the whole run: made anew on each turn, a Ctrl-C arriving while a line
+    // is printed found none and was lost.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
         let event = tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut ctrl_c => return Ok(()),
             event = sub.next() => event,
         };
         match event {
@@ -115,13 +132,20 @@ async fn print_events(
                 }
             }
             Some(Ok(Event::Expired { requested_cursor, first_available_sequence })) => {
-                output.note(&format!(
+                let text = format!(
                     "messages after #{requested_cursor} and before #{first_available_sequence} expired (retention); continuing at #{first_available_sequence}"
-                ));
-                if output.json && show == Show::Full {
-                    output.json_line(&json!({"type": "messages_expired", "topic": sub.topic(),
-                        "requested_cursor": requested_cursor,
-                        "first_available_sequence": first_available_sequence}))?;
+                );
+                output.note(&text);
+                let notice = json!({"type": "messages_expired", "topic": sub.topic(),
+                    "requested_cursor": requested_cursor, "first_available_sequence": first_available_sequence});
+                match (output.json, show) {
+                    (true, Show::Full) => output.json_line(&notice)?,
+                    // `tail`'s stdout is payloads alone: the gap is told on stderr, as a
+                    // stream warning is, never left silent.
+                    (true, Show::Payload) => {
+                        eprintln!("{}", json!({"type": "warning", "error": "messages_expired", "message": text}))
+                    }
+                    (false, _) => {}
                 }
             }
             Some(Ok(Event::LeaderChange { new_leader, new_leader_id })) => {

@@ -305,3 +305,12 @@ fn a_write_that_may_have_taken_effect_says_so_with_its_id() {
         (Some("raft_timeout"), Some(504), Some("m-2"))
     );
 }
+
+#[test]
+fn a_read_page_past_a_retention_gap_says_which_messages_expired() {
+    let note = super::subscribe::expired_before(0, 4).expect("1 to 3 expired");
+    assert!(note.contains("after #0 and before #4"), "{note}");
+    assert_eq!(super::subscribe::expired_before(3, 4), None, "the page starts right after the cursor");
+    assert_eq!(super::subscribe::expired_before(10, 4), None, "a cursor inside the retained range");
+    assert_eq!(super::subscribe::expired_before(0, 0), None, "a server that does not say");
+}

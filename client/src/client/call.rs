@@ -146,6 +146,9 @@ impl Client {
 
     /// Runs a call until it gets a final answer or the retry budget runs out.
     pub(super) async fn execute(&self, call: &Call) -> Result<Reply, Error> {
+        for segment in &call.segments {
+            crate::endpoint::check_path_segment(segment)?;
+        }
         // A long poll's wait is spent at the server, not on retries: it extends the budget.
         let policy = &RetryPolicy {
             operation_timeout: self.inner.config.retry.operation_timeout + call.extra_timeout,

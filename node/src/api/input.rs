@@ -19,7 +19,11 @@ use crate::limits::{
 /// The topic name from the path, checked against `[A-Za-z0-9._-]{1,255}`.
 pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(name) = path.map_err(|e| ApiError::InvalidTopicName(e.body_text()))?;
+    // `.` and `..` match the pattern but no URL can carry them: clients resolve them as
+    // directory steps (Kafka refuses them too).
     let valid = !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.len() <= TOPIC_NAME_CHARS_MAX
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
     if valid {
@@ -143,6 +147,8 @@ mod tests {
         assert!(!ok("a b"));
         assert!(!ok("a/b"));
         assert!(!ok("é"));
+        assert!(!ok(".") && !ok(".."));
+        assert!(ok("...") && ok(".a"));
     }
 
     const SOON: Duration = Duration::from_millis(50);
