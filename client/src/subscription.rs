@@ -676,18 +676,22 @@ impl Worker {
     /// drop it unread).
     async fn close_politely(&self, socket: &mut Socket, acked_sent: u64) {
         let latest = *self.acks.borrow();
-        if latest > acked_sent {
-            let _ = socket.send(WsMessage::text(ack_frame(latest))).await;
-        }
-        if socket.send(WsMessage::Close(None)).await.is_err() {
-            return;
-        }
-        // Bounded by `Subscription::close`, whose timeout drops the task.
-        while let Some(Ok(message)) = socket.next().await {
-            if matches!(message, WsMessage::Close(_)) {
-                break;
+        let close = async {
+            if latest > acked_sent {
+                let _ = socket.send(WsMessage::text(ack_frame(latest))).await;
             }
-        }
+            if socket.send(WsMessage::Close(None)).await.is_err() {
+                return;
+            }
+            while let Some(Ok(message)) = socket.next().await {
+                if matches!(message, WsMessage::Close(_)) {
+                    break;
+                }
+            }
+        };
+        // Bounded here too, not only by `Subscription::close`: after `topic_deleted` on a
+        // connection that went half-open, a stream read to its end would never end.
+        let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, close).await;
     }
 
     /// Handles one text frame.

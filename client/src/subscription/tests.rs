@@ -589,3 +589,26 @@ async fn a_bare_404_refusal_is_a_lagging_node_too() {
     };
     assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
 }
+
+/// After `topic_deleted` the stream ends even when the node then neither closes the
+/// connection nor reads the client's close (a connection gone half-open): `next()` gives
+/// `None` within the close timeout instead of waiting for good.
+#[tokio::test]
+async fn the_stream_ends_after_topic_deleted_on_a_connection_that_went_silent() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, deleted()).await;
+        // Holds the connection open and reads nothing, the close frame included.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(socket);
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let mut sub = subscribe_from_start(&client).await;
+    assert!(matches!(sub.next().await, Some(Ok(Event::Message(m))) if m.sequence == 1));
+    assert!(matches!(sub.next().await, Some(Ok(Event::TopicDeleted))));
+    let end = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT * 3, sub.next()).await;
+    assert!(matches!(end, Ok(None)), "the stream did not end: {end:?}");
+}
