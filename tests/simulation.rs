@@ -27,7 +27,7 @@ use futures_util::future::join_all;
 use futures_util::StreamExt;
 use pubsub_node::{Config, Env};
 use pubsub_tests::history::{History, Observed, SubscriberRun};
-use pubsub_tests::sim::{handovers, request, websocket, SimClock, SimDialer, SimListener};
+use pubsub_tests::sim::{handovers, request, websocket, SimClock, SimDialer, SimListener, SimWs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -775,20 +775,12 @@ fn a_publishing_socket_that_answers_no_ping_is_closed() {
     let mut sim = new_sim(11);
     add_nodes(&mut sim, 1, dir.path());
     sim.client("publishers", async move {
-        wait_ready().await;
-        let created = request(&host(0), "POST", "/topics/t", None).await.map(|(status, _)| status);
-        assert_eq!(created, Ok(201));
+        ready_with_topic("t").await;
         let publish = |n: u64| Message::Text(json!({"type": "publish", "ref": n, "payload": n}).to_string().into());
         let mut silent = websocket(&host(0), "/topics/t/publish").await?;
         let reading = websocket(&host(0), "/topics/t/publish").await?;
         silent.send(publish(1)).await?;
-        let answer = loop {
-            match silent.next().await {
-                Some(Ok(Message::Text(text))) => break serde_json::from_str::<Value>(&text)?,
-                Some(Ok(_)) => continue,
-                other => panic!("the publishing socket ended: {other:?}"),
-            }
-        };
+        let answer = next_answer(&mut silent).await;
         assert_eq!(answer["type"], "ack", "{answer}");
         // The reading client polls its socket throughout (tungstenite answers pings as it
         // reads), as the Rust `Publisher`'s reader does; the silent one is not polled at all.
@@ -858,13 +850,7 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
                 let sent = tokio::time::Instant::now();
                 let frame = json!({"type": "publish", "ref": i, "id": format!("m{i}"), "payload": i});
                 ws.send(Message::Text(frame.to_string().into())).await?;
-                let answer = loop {
-                    match ws.next().await {
-                        Some(Ok(Message::Text(text))) => break serde_json::from_str::<Value>(&text)?,
-                        Some(Ok(_)) => continue,
-                        other => panic!("the publishing socket ended: {other:?}"),
-                    }
-                };
+                let answer = next_answer(&mut ws).await;
                 answers.lock().unwrap().push((answer, sent.elapsed()));
             }
             Ok(())
@@ -882,6 +868,17 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     for (answer, took) in &answers {
         assert_eq!(answer["error"], "no_leader", "{answers:?}");
         assert!(*took < Duration::from_secs(1), "answered after {took:?}, not at once: {answers:?}");
+    }
+}
+
+/// The next answer on a publishing socket, as JSON (pings and pongs skipped).
+async fn next_answer(ws: &mut SimWs) -> Value {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(text))) => return serde_json::from_str(&text).expect("an answer is JSON"),
+            Some(Ok(_)) => continue,
+            other => panic!("the publishing socket ended: {other:?}"),
+        }
     }
 }
 

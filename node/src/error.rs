@@ -81,10 +81,7 @@ impl ApiError {
     /// The API.md error body.
     pub fn body(&self) -> Value {
         if let Self::Unconfirmed { id, cause } = self {
-            let mut body = cause.body();
-            body["id"] = json!(id);
-            body["details"]["id"] = json!(id);
-            return body;
+            return cause.body_naming_id(id);
         }
         let (_, code) = self.status_and_code();
         let mut body = json!({"error": code, "message": self.to_string(), "details": {}});
@@ -116,14 +113,25 @@ impl ApiError {
         Self::Internal(e.to_string())
     }
 
+    /// A failure after which a write may still commit: its answer names the message id.
+    pub fn may_still_commit(&self) -> bool {
+        matches!(self, Self::RaftTimeout(_) | Self::NotCommitted(_))
+    }
+
+    /// The error body with the message `id` at the top level and in `details`.
+    pub fn body_naming_id(&self, id: &str) -> Value {
+        let mut body = self.body();
+        body["id"] = json!(id);
+        body["details"]["id"] = json!(id);
+        body
+    }
+
     /// Names the message `id` in a `raft_timeout` or `not_committed` answer to a publish: the
     /// write may still commit, and only under the same id can it be retried safely.
     pub fn naming_id(self, id: &str) -> Self {
-        match self {
-            Self::RaftTimeout(_) | Self::NotCommitted(_) => {
-                Self::Unconfirmed { id: id.to_string(), cause: Box::new(self) }
-            }
-            other => other,
+        match self.may_still_commit() {
+            true => Self::Unconfirmed { id: id.to_string(), cause: Box::new(self) },
+            false => self,
         }
     }
 

@@ -15,12 +15,16 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
         // Every line gets an id of a known prefix, chosen here when none was given, so a
         // batch that fails after it may have been stored can be published again under the
         // same ids (the note on failure names the prefix).
-        let (id_prefix, prefix_generated) = match args.id_prefix {
-            Some(prefix) => (prefix, false),
-            None => (generated_id_prefix(), true),
+        let (id_prefix, rerun) = match args.id_prefix {
+            Some(prefix) => (prefix, "the same command again".to_string()),
+            None => {
+                let prefix = generated_id_prefix();
+                let rerun = format!("the same command again with --id-prefix {prefix}");
+                (prefix, rerun)
+            }
         };
         let lines = Lines { read: 0, id_prefix: Some(id_prefix) };
-        return batch(client, output, &args.topic, path, lines, prefix_generated).await;
+        return batch(client, output, &args.topic, path, lines, &rerun).await;
     }
     let mut lines = Lines { read: 0, id_prefix: args.id_prefix };
     let ack = AckMode::from(args.ack);
@@ -168,7 +172,7 @@ async fn batch(
     topic: &str,
     path: &Path,
     mut lines: Lines,
-    prefix_generated: bool,
+    rerun: &str,
 ) -> Result<(), CliError> {
     let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
@@ -194,10 +198,6 @@ async fn batch(
                 let outcome = match error.may_have_taken_effect() {
                     true => "may have been stored",
                     false => "was not stored",
-                };
-                let rerun = match (&lines.id_prefix, prefix_generated) {
-                    (Some(prefix), true) => format!("the same command again with --id-prefix {prefix}"),
-                    _ => "the same command again".to_string(),
                 };
                 output.note(&format!(
                     "batch {number} (lines {from}-{to}) {outcome}; the batches before it were answered: \

@@ -47,7 +47,8 @@ pub async fn read(
     };
     // A cursor past this node's end may come from a node further along (this one may lag the
     // leader): a long poll waits for this node to reach it, and refuses it only then.
-    let long_poll = matches!(number(&query, "wait_ms"), Some(Ok(n)) if n > 0 && n <= READ_WAIT_MS_MAX);
+    let wait_ms = number(&query, "wait_ms");
+    let long_poll = matches!(wait_ms, Some(Ok(n)) if n > 0 && n <= READ_WAIT_MS_MAX);
     if after > record.current_sequence && !long_poll {
         return Err(beyond(after, record.current_sequence));
     }
@@ -56,7 +57,7 @@ pub async fn read(
         Some(Ok(n)) if (1..=READ_LIMIT_MAX as u64).contains(&n) => n as usize,
         _ => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {READ_LIMIT_MAX}"))),
     };
-    let wait_ms = match number(&query, "wait_ms") {
+    let wait_ms = match wait_ms {
         None => 0,
         Some(Ok(n)) if n <= READ_WAIT_MS_MAX => n,
         _ => return Err(ApiError::InvalidRequest(format!("wait_ms must be 0 to {READ_WAIT_MS_MAX}"))),

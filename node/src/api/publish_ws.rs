@@ -23,7 +23,6 @@ use futures_util::stream::SplitSink;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use raft_store::{NewMessage, PublishResult};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -478,13 +477,9 @@ fn answer_group(out: &mut [String], accepted: &[Accepted], outcome: Result<(Vec<
         }
         // After these the message may still commit: each answer names its id (which the node
         // may have generated), as an HTTP publish's does.
-        Err(e @ (ApiError::RaftTimeout(_) | ApiError::NotCommitted(_))) => {
-            let cause = e.body();
+        Err(e) if e.may_still_commit() => {
             for a in accepted {
-                let mut body = cause.clone();
-                body["id"] = json!(a.id);
-                body["details"]["id"] = json!(a.id);
-                out[a.at] = frame_with_body(a.reference.as_deref(), &body.to_string());
+                out[a.at] = frame_with_body(a.reference.as_deref(), &e.body_naming_id(&a.id).to_string());
             }
         }
         Err(e) => {
