@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::StreamExt;
+use pubsub_tests::history::{vote_violations, VoteSeen};
 use pubsub_tests::http::{self, client};
 use pubsub_tests::{read_all, wait_until};
 use serde_json::{json, Value};
@@ -321,7 +322,8 @@ struct LeaderStats {
 }
 
 /// Polls /cluster on every node until `stop`, recording the time without a working leader and
-/// any two leaders in one term. A working leader is one a majority agrees on whose commit index
+/// any vote that went back (`history::vote_violations`: an older term, or a lower leader within
+/// a term; openraft allows several leaders in one term, in increasing id order). A working leader is one a majority agrees on whose commit index
 /// moved since the previous poll: the load keeps it moving while a leader works, whereas a
 /// leader cut off from its followers still says `role: leader` (and they still name it until
 /// their election timeout) without committing anything.
@@ -330,6 +332,7 @@ fn start_monitor(stop: Arc<AtomicBool>) -> JoinHandle<LeaderStats> {
         let mut stats = LeaderStats::default();
         let mut last = Instant::now();
         let mut commit_max = 0;
+        let mut votes: BTreeMap<String, Vec<VoteSeen>> = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
             let infos = cluster_infos().await;
             let now = Instant::now();
@@ -342,17 +345,14 @@ fn start_monitor(stop: Arc<AtomicBool>) -> JoinHandle<LeaderStats> {
             last = now;
             let commits = infos.iter().flatten().filter_map(|i| i["commit_index"].as_u64());
             commit_max = commits.fold(commit_max, u64::max);
-            let mut by_term: HashMap<u64, Value> = HashMap::new();
-            for info in infos.iter().flatten().filter(|i| i["role"] == "leader") {
-                let term = info["raft_term"].as_u64().unwrap_or(0);
-                if let Some(other) = by_term.insert(term, info["node_id"].clone()) {
-                    if other != info["node_id"] {
-                        stats.violations.push(format!("two leaders in term {term}: {other} and {}", info["node_id"]));
-                    }
+            for (i, info) in infos.iter().enumerate() {
+                if let Some(seen) = info.as_ref().and_then(VoteSeen::from_cluster_info) {
+                    votes.entry(format!("node{}", i + 1)).or_default().push(seen);
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        stats.violations.extend(vote_violations(&votes).iter().map(|v| v.to_string()));
         stats
     })
 }

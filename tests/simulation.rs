@@ -6,8 +6,9 @@
 //! leader), crashes with restarts from the same data dir, clean stops of the leader (which hands
 //! over), message delay and clock jumps.
 //! Clients publish with retries that keep the id, and subscribe with reconnects that resume
-//! from their last sequence. An observer asks every node for its role and term every
-//! [`OBSERVE_EVERY`], so that two leaders seen in one term fail the run. After the faults stop
+//! from their last sequence. An observer asks every node for its term and leader every
+//! [`OBSERVE_EVERY`], so that a vote that goes back (an older term, or a lower leader within a
+//! term: openraft's election safety, see `history.rs`) fails the run. After the faults stop
 //! and the network heals, every node's log and every client observation go through
 //! `History::check`. The clean stops are counted with the hand-overs they made, and the CI
 //! seeds must include hand-overs whose successor stood.
@@ -26,7 +27,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 use pubsub_node::{Config, Env};
-use pubsub_tests::history::{History, Observed, SubscriberRun};
+use pubsub_tests::history::{History, Observed, SubscriberRun, VoteSeen};
 use pubsub_tests::sim::{handovers, request, websocket, SimClock, SimDialer, SimListener, SimWs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -240,13 +241,13 @@ struct Run {
     handovers: handovers::Counts,
 }
 
-/// Asks node `i` for its role every [`OBSERVE_EVERY`] until `done`, recording each term in
-/// which it said it led.
-async fn observe_leaders(i: usize, leaders: Arc<Mutex<BTreeMap<u64, BTreeSet<String>>>>, done: Arc<AtomicBool>) {
+/// Asks node `i` for its term and leader every [`OBSERVE_EVERY`] until `done`, recording
+/// each answer in order.
+async fn observe_votes(i: usize, votes: Arc<Mutex<BTreeMap<String, Vec<VoteSeen>>>>, done: Arc<AtomicBool>) {
     while !done.load(Ordering::SeqCst) {
         if let Ok((200, info)) = request(&host(i), "GET", "/cluster", None).await {
-            if let (Some("leader"), Some(term)) = (info["role"].as_str(), info["raft_term"].as_u64()) {
-                leaders.lock().unwrap().entry(term).or_default().insert(host(i));
+            if let Some(seen) = VoteSeen::from_cluster_info(&info) {
+                votes.lock().unwrap().entry(host(i)).or_default().push(seen);
             }
         }
         tokio::time::sleep(OBSERVE_EVERY).await;
@@ -320,11 +321,11 @@ fn run(s: &Scenario) -> Result<Run, String> {
             Ok(())
         });
     }
-    let leaders = Arc::new(Mutex::new(BTreeMap::new()));
+    let votes = Arc::new(Mutex::new(BTreeMap::new()));
     {
-        let (nodes, leaders, published) = (s.nodes, leaders.clone(), published.clone());
+        let (nodes, votes, published) = (s.nodes, votes.clone(), published.clone());
         sim.client("observer", async move {
-            join_all((0..nodes).map(|i| observe_leaders(i, leaders.clone(), published.clone()))).await;
+            join_all((0..nodes).map(|i| observe_votes(i, votes.clone(), published.clone()))).await;
             Ok(())
         });
     }
@@ -442,7 +443,7 @@ fn run(s: &Scenario) -> Result<Run, String> {
     let mut history = history.lock().unwrap().clone();
     history.logs = logs.lock().unwrap().clone();
     history.subscriptions = runs.lock().unwrap().clone();
-    history.leaders = leaders.lock().unwrap().clone();
+    history.votes = votes.lock().unwrap().clone();
     if history.logs.len() != s.nodes {
         return Err(format!(
             "seed {}: only {} nodes answered after healing\ntrace: {trace:?}",
@@ -467,6 +468,13 @@ fn run(s: &Scenario) -> Result<Run, String> {
     Ok(Run { history, stops, handovers: handovers::counts() })
 }
 
+/// How many terms the observer saw a leader in.
+fn terms_with_a_leader(history: &History) -> usize {
+    let terms: BTreeSet<u64> =
+        history.votes.values().flatten().filter(|v| v.leader.is_some()).map(|v| v.term).collect();
+    terms.len()
+}
+
 fn scenario(seed: u64, nodes: usize) -> Scenario {
     Scenario { seed, nodes, messages: 300, publishers: 3, subscribers: 2 }
 }
@@ -488,7 +496,7 @@ fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) -> handovers:
                      {} stops of the leader: {} handed over, {} successors stood",
                     r.history.acked.len(),
                     r.history.subscriptions.len(),
-                    r.history.leaders.len(),
+                    terms_with_a_leader(&r.history),
                     r.stops,
                     r.handovers.handed,
                     r.handovers.stood,

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use openraft::ServerState;
+use openraft::{RaftMetrics, ServerState};
 use raft_store::typ::Raft;
 use raft_store::{NodeId, Request, StoreReader};
 use tokio_util::sync::CancellationToken;
@@ -93,8 +93,13 @@ impl App {
     }
 
     pub fn leadership(&self) -> Leadership {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        self.leadership_in(&self.raft.metrics().borrow())
+    }
+
+    /// [`App::leadership`] as `m` shows it, for answers that must agree with other fields of
+    /// the same metrics (a term read apart from its leader could pair the old leader with the
+    /// new term).
+    pub fn leadership_in(&self, m: &RaftMetrics<NodeId, raft_store::Node>) -> Leadership {
         match m.current_leader {
             Some(id) if id == self.id() && m.state == ServerState::Leader => {
                 // openraft 0.9 keeps a leader cut off from its quorum in office until it sees a

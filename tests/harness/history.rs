@@ -8,10 +8,18 @@
 //! - sequences are contiguous from the first retained one;
 //! - no subscriber connection saw a gap (without a `messages_expired` notice) or a duplicate,
 //!   and what it saw matches the log;
-//! - no two nodes were seen leading in the same term (Raft's election safety), when the
-//!   history holds what an observer saw of each node's role.
+//! - no node's term went back, and within one term no node went back to a leader with a lower
+//!   id, when the history holds what an observer saw of each node.
+//!
+//! Election safety is checked as openraft promises it. openraft runs in its default "adv" mode
+//! (no `single-term-leader` feature): a leader is identified by (term, node id), totally
+//! ordered, and one term may have several leaders in turn, each with a higher id than the
+//! last (docs.rs/openraft, `docs::data::leader_id`). Two leaders in one term are therefore
+//! legal; what is not is a node granting or following a lower (term, id) than one it already
+//! had, which would let two leaders commit at once. That is what the vote checks below catch,
+//! and the log checks catch any fork or lost write it would cause.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// What happened, as seen from outside.
@@ -23,8 +31,26 @@ pub struct History {
     pub logs: BTreeMap<String, Vec<(u64, String)>>,
     /// Each subscriber connection's observations, in order of arrival.
     pub subscriptions: Vec<SubscriberRun>,
-    /// Term → the nodes an observer saw leading in it (empty when nobody watched).
-    pub leaders: BTreeMap<u64, BTreeSet<String>>,
+    /// Node name → what an observer saw of it, in order (empty when nobody watched).
+    pub votes: BTreeMap<String, Vec<VoteSeen>>,
+}
+
+/// One answer of a node about its term and the leader it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VoteSeen {
+    pub term: u64,
+    /// The leader's node id, when the node knows one.
+    pub leader: Option<u64>,
+}
+
+impl VoteSeen {
+    /// From a `GET /cluster` answer; None for term 0, a restarted node whose Raft has not yet
+    /// loaded its vote.
+    pub fn from_cluster_info(info: &serde_json::Value) -> Option<VoteSeen> {
+        let term = info["raft_term"].as_u64().filter(|t| *t > 0)?;
+        let leader = info["leader_id"].as_str().and_then(|l| l.strip_prefix("node-")?.parse().ok());
+        Some(VoteSeen { term, leader })
+    }
 }
 
 /// One subscriber connection.
@@ -57,7 +83,8 @@ pub enum Violation {
     SubscriberGap { subscription: String, after: u64, next: u64 },
     SubscriberDuplicate { subscription: String, sequence: u64 },
     SubscriberMismatch { subscription: String, sequence: u64, saw: String, log: String },
-    TwoLeaders { term: u64, nodes: Vec<String> },
+    TermWentBack { node: String, from: u64, to: u64 },
+    LeaderWentBack { node: String, term: u64, from: u64, to: u64 },
 }
 
 impl fmt::Display for Violation {
@@ -70,11 +97,7 @@ impl History {
     /// Every violation found (empty when the history is correct).
     pub fn check(&self) -> Vec<Violation> {
         let mut out = Vec::new();
-        for (term, nodes) in &self.leaders {
-            if nodes.len() > 1 {
-                out.push(Violation::TwoLeaders { term: *term, nodes: nodes.iter().cloned().collect() });
-            }
-        }
+        out.extend(vote_violations(&self.votes));
         let reference = self.logs.iter().max_by_key(|(_, log)| log.len());
         for (node, log) in &self.logs {
             for pair in log.windows(2) {
@@ -148,6 +171,38 @@ impl History {
     }
 }
 
+/// Every vote that went back, node by node (see [`check_votes`]).
+pub fn vote_violations(votes: &BTreeMap<String, Vec<VoteSeen>>) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (node, seen) in votes {
+        check_votes(node, seen, &mut out);
+    }
+    out
+}
+
+/// One node's votes, seen in order, only go up: its term never decreases (the vote is
+/// persisted before it is used, so a restart keeps it), and within a term the leader it
+/// knows never has a lower id than one it knew before.
+fn check_votes(node: &str, seen: &[VoteSeen], out: &mut Vec<Violation>) {
+    let mut term = 0;
+    let mut leader: Option<u64> = None;
+    for v in seen {
+        if v.term < term {
+            out.push(Violation::TermWentBack { node: node.to_string(), from: term, to: v.term });
+            continue;
+        }
+        if v.term > term {
+            (term, leader) = (v.term, None);
+        }
+        if let Some(now) = v.leader {
+            if let Some(before) = leader.filter(|before| now < *before) {
+                out.push(Violation::LeaderWentBack { node: node.to_string(), term, from: before, to: now });
+            }
+            leader = leader.max(Some(now));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,14 +270,34 @@ mod tests {
         assert_eq!(v.len(), 2, "{v:?}");
     }
 
+    fn seen(term: u64, leader: Option<u64>) -> VoteSeen {
+        VoteSeen { term, leader }
+    }
+
     #[test]
-    fn two_leaders_in_one_term_are_reported_but_one_leader_per_term_is_not() {
+    fn votes_that_only_go_up_pass_even_with_two_leaders_in_one_term() {
         let mut h = good();
-        h.leaders.insert(1, ["n1".to_string()].into());
-        h.leaders.insert(2, ["n2".to_string()].into());
+        // n1 led term 3, then n2 (a higher id) took over in the same term: legal in adv mode.
+        h.votes.insert(
+            "n1".into(),
+            vec![seen(2, None), seen(3, Some(1)), seen(3, None), seen(3, Some(2)), seen(5, Some(1))],
+        );
+        h.votes.insert("n2".into(), vec![seen(3, Some(2)), seen(3, Some(2)), seen(4, None)]);
         assert_eq!(h.check(), vec![]);
-        h.leaders.insert(3, ["n1".to_string(), "n2".to_string()].into());
-        assert_eq!(h.check(), vec![Violation::TwoLeaders { term: 3, nodes: vec!["n1".into(), "n2".into()] }]);
+    }
+
+    #[test]
+    fn a_term_or_a_leader_that_goes_back_is_reported() {
+        let mut h = good();
+        h.votes.insert("n1".into(), vec![seen(4, Some(1)), seen(3, Some(1))]);
+        h.votes.insert("n2".into(), vec![seen(3, Some(3)), seen(3, None), seen(3, Some(2)), seen(4, Some(1))]);
+        assert_eq!(
+            h.check(),
+            vec![
+                Violation::TermWentBack { node: "n1".into(), from: 4, to: 3 },
+                Violation::LeaderWentBack { node: "n2".into(), term: 3, from: 3, to: 2 },
+            ]
+        );
     }
 
     #[test]

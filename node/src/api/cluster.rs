@@ -23,13 +23,13 @@ pub fn role(state: ServerState) -> &'static str {
 }
 
 pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
-    let (leader_id, leader_address) = match app.leadership() {
+    // One snapshot of the metrics, so that the term, role and leader agree.
+    let m = app.raft.metrics().borrow().clone();
+    let (leader_id, leader_address) = match app.leadership_in(&m) {
         Leadership::Me => (Some(app.id()), Some(app.client_address(app.id(), &app.config.advertise))),
         Leadership::Other { id, addr } => (Some(id), Some(app.client_address(id, &addr))),
         Leadership::Unknown => (None, None),
     };
-    let metrics = app.raft.metrics();
-    let m = metrics.borrow().clone();
     let membership = m.membership_config.membership();
     let mut peers: Vec<(u64, String)> =
         membership.voter_ids().filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone()))).collect();
