@@ -447,7 +447,9 @@ impl Client {
         let reply = self.execute(&call).await.map_err(|error| match error {
             // Name the id, generated here when the caller gave none: only with it can the
             // caller publish again without storing the message twice.
-            Error::Indeterminate { source, .. } => Error::Indeterminate { id: Some(id.clone()), source },
+            Error::Indeterminate { source, .. } => {
+                Error::Indeterminate { id: Some(id.clone()), ids: Vec::new(), source }
+            }
             other => other,
         })?;
         if reply.status == 409 && reply.maybe_applied {
@@ -488,7 +490,14 @@ impl Client {
         }
         let body = BatchBody { messages: &messages };
         let call = Call::new(Method::POST, &["topics", topic, "messages", "batch"], true).json_body(&body)?;
-        let reply = self.execute(&call).await?;
+        let reply = self.execute(&call).await.map_err(|error| match error {
+            // Name the ids, generated here where the caller gave none: only with them can the
+            // caller publish the batch again without storing a message twice.
+            Error::Indeterminate { source, .. } => {
+                Error::Indeterminate { id: None, ids: messages.iter().filter_map(|m| m.id.clone()).collect(), source }
+            }
+            other => other,
+        })?;
         let raw: RawBatchAck = reply.parse()?;
         Ok(BatchAck {
             topic: raw.topic,

@@ -273,14 +273,27 @@ pub enum Error {
     /// later attempts never got a final answer. A publish may be stored. Publishing again with
     /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
     /// says it was stored). `source` is the last attempt's failure.
-    #[error("{}outcome unknown, it may have taken effect: {source}", id.as_deref().map(|id| format!("message {id}: ")).unwrap_or_default())]
+    #[error("{}outcome unknown, it may have taken effect: {source}", naming(id, ids))]
     Indeterminate {
         /// The message id, for a single publish (the generated one when the caller gave none).
         id: Option<String>,
+        /// Every message's id in order, for a batch publish (the generated ones included);
+        /// empty otherwise.
+        ids: Vec<String>,
         /// Why the last attempt failed.
         #[source]
         source: Box<Error>,
     },
+}
+
+/// The start of an [`Error::Indeterminate`] message: which write it was.
+fn naming(id: &Option<String>, ids: &[String]) -> String {
+    match (id, ids) {
+        (Some(id), _) => format!("message {id}: "),
+        (None, [only]) => format!("batch of 1 message ({only}): "),
+        (None, [first, .., last]) => format!("batch of {} messages ({first} … {last}): ", ids.len()),
+        (None, []) => String::new(),
+    }
 }
 
 impl Error {

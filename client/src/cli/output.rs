@@ -94,7 +94,7 @@ pub fn error_json(error: &CliError) -> Value {
         }),
         // The failure, plus that the write may have taken effect and, for a publish, the id
         // to publish it again with.
-        CliError::Client(Error::Indeterminate { id, source }) => {
+        CliError::Client(Error::Indeterminate { id, ids, source }) => {
             let mut value = match source.api() {
                 Some(api) => json!({"error": api.code.as_str(), "status": api.status, "details": api.details}),
                 None if source.is_unreachable() => json!({"error": "unreachable"}),
@@ -103,6 +103,9 @@ pub fn error_json(error: &CliError) -> Value {
             value["message"] = error_text(error).into();
             value["maybe_stored"] = true.into();
             value["id"] = json!(id);
+            if !ids.is_empty() {
+                value["ids"] = json!(ids);
+            }
             value
         }
         CliError::Client(e) if e.is_unreachable() => {

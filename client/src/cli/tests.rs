@@ -286,7 +286,8 @@ fn flags_that_would_be_ignored_together_are_refused() {
 #[test]
 fn a_write_that_may_have_taken_effect_says_so_with_its_id() {
     let lost = Error::NoLeader { attempts: 3, elapsed: Duration::from_secs(1) };
-    let unknown = CliError::Client(Error::Indeterminate { id: Some("m-1".into()), source: Box::new(lost) });
+    let unknown =
+        CliError::Client(Error::Indeterminate { id: Some("m-1".into()), ids: Vec::new(), source: Box::new(lost) });
     // Still "unreachable" for the exit code: what failed last is what the operator must fix.
     assert_eq!(unknown.exit_code(), EXIT_UNREACHABLE);
     assert!(output::error_text(&unknown).contains("m-1"), "{}", output::error_text(&unknown));
@@ -296,8 +297,11 @@ fn a_write_that_may_have_taken_effect_says_so_with_its_id() {
         (Some("unreachable"), Some(true), Some("m-1"))
     );
     let timeout = ApiError::from_body(504, br#"{"error":"raft_timeout","message":"slow"}"#);
-    let unknown =
-        CliError::Client(Error::Indeterminate { id: Some("m-2".into()), source: Box::new(Error::Api(timeout)) });
+    let unknown = CliError::Client(Error::Indeterminate {
+        id: Some("m-2".into()),
+        ids: Vec::new(),
+        source: Box::new(Error::Api(timeout)),
+    });
     assert_eq!(unknown.exit_code(), EXIT_REFUSED);
     let j = output::error_json(&unknown);
     assert_eq!(

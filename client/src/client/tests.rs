@@ -343,6 +343,31 @@ async fn a_node_that_never_answers_is_a_timeout() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "each attempt waited its own timeout only");
 }
 
+/// A batch sent and never answered may be stored: the error names every message's id, the
+/// generated ones too, so that the caller can publish the batch again without a second copy.
+#[tokio::test]
+async fn a_batch_that_is_never_answered_names_its_ids() {
+    let node = serve_with(|me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        Router::new()
+            .route("/cluster", get(move || async move { Json(cluster) }))
+            .route("/topics/{name}/messages/batch", post(never_answers))
+    })
+    .await;
+    let client = impatient_client(&node, 2);
+    let batch = vec![NewMessage::new(json!(1)).with_id("given"), NewMessage::new(json!(2))];
+    let publish = client.publish_batch("t", batch).await;
+    match &publish {
+        Err(e @ Error::Indeterminate { id: None, ids, .. }) => {
+            assert_eq!(ids.len(), 2, "{ids:?}");
+            assert_eq!(ids[0], "given");
+            assert!(!ids[1].is_empty() && ids[1] != "given", "{ids:?}");
+            assert!(e.to_string().contains("batch of 2 messages (given … "), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The answer to a publish is lost, then the cluster has no leader until the retries run out:
 /// the error says the message may be stored, with its (generated) id, rather than only that no
 /// leader was found, which would read as "not stored" and invite a second copy.
@@ -376,7 +401,7 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
     let client = impatient_client(&node, 4);
     let publish = client.publish("t", json!(1)).await;
     match &publish {
-        Err(e @ Error::Indeterminate { id: Some(id), source }) => {
+        Err(e @ Error::Indeterminate { id: Some(id), source, .. }) => {
             assert!(matches!(**source, Error::NoLeader { .. }), "{publish:?}");
             assert!(e.to_string().contains(id.as_str()), "{e}");
         }

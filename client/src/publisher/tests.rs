@@ -162,7 +162,7 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
     // A refusal after which the message may still commit names its id (error frames carry
     // none), so that the caller can publish it again under the same id.
     let maybe_stored = |result: Result<PublishAck, Error>, expected_id: &str| match result {
-        Err(Error::Indeterminate { id: Some(id), source }) if id == expected_id => *source,
+        Err(Error::Indeterminate { id: Some(id), source, .. }) if id == expected_id => *source,
         other => panic!("{expected_id}: {other:?}"),
     };
     for (code, status) in [("raft_timeout", 504), ("not_committed", 500)] {
@@ -207,7 +207,7 @@ async fn a_duplicate_still_in_flight_is_indeterminate_and_names_the_id() {
     let publisher = open(&client).await;
     let outcome = publisher.publish(message("m-1")).await;
     let in_flight = match &outcome {
-        Err(Error::Indeterminate { id: Some(id), source }) if id == "m-1" => {
+        Err(Error::Indeterminate { id: Some(id), source, .. }) if id == "m-1" => {
             matches!(&**source, Error::Api(e) if e.status == 409 && e.existing_sequence().is_none())
         }
         _ => false,
@@ -250,7 +250,7 @@ async fn after_not_leader_the_publishes_in_flight_still_get_their_answers() {
     let (refused, second, third) =
         tokio::join!(publisher.publish(message("a")), publisher.publish(message("b")), publisher.publish(message("c")));
     let refused_not_leader = match &refused {
-        Err(Error::Indeterminate { id: Some(id), source }) if id == "a" => {
+        Err(Error::Indeterminate { id: Some(id), source, .. }) if id == "a" => {
             matches!(&**source, Error::Api(e) if e.code == ErrorCode::NotLeader)
         }
         _ => false,
