@@ -90,8 +90,17 @@ async fn body_within(
             let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
             total += chunk.len();
             if total <= limit {
-                let Ok(more) = tokio::time::timeout(room_timeout, budget.take(chunk.len())).await else {
-                    return Err(ApiError::Unavailable("the node holds too many request bodies; retry shortly".into()));
+                // Room is almost always free: only then skip arming a timer.
+                let more = match budget.try_take(chunk.len()) {
+                    Some(more) => more,
+                    None => match tokio::time::timeout(room_timeout, budget.take(chunk.len())).await {
+                        Ok(more) => more,
+                        Err(_) => {
+                            return Err(ApiError::Unavailable(
+                                "the node holds too many request bodies; retry shortly".into(),
+                            ))
+                        }
+                    },
                 };
                 match room.as_mut() {
                     Some(room) => room.merge(more),
