@@ -161,11 +161,13 @@ impl Feeds {
 }
 
 /// The deletion a snapshot install skipped over, if the topic went from `before` to `after`
-/// through one, and the sequence to deliver up to before announcing it: the topic is deleted
-/// now (at its current end, where it stopped taking publishes), or it was live before and has
-/// been created again since. For the latter, where it was deleted is not in the snapshot; what
-/// this node had applied is the most a subscriber is sure to be owed before the deletion, and
-/// one that resumes from its cursor gets the rest.
+/// through one, and the sequence to deliver up to before announcing it: the topic's current
+/// end. Deleted now, that is where it stopped taking publishes. Live before and created again
+/// since, where it was deleted is not in the snapshot (a re-created topic goes on from the
+/// sequences it had); any end below the current one could skip messages published before the
+/// deletion, which a subscriber that stops at `topic_deleted` would never see and never be
+/// told of. So it is delivered up to the current end: at least once, never a silent gap,
+/// at the price of the messages published since the re-creation arriving before the notice.
 fn skipped_deletion(before: &TopicSignal, after: Option<&TopicRecord>) -> Option<u64> {
     let after = after?;
     if !before.exists {
@@ -173,8 +175,7 @@ fn skipped_deletion(before: &TopicSignal, after: Option<&TopicRecord>) -> Option
     }
     let recreated = after.created_at != before.created_at;
     match (before.deleted, after.deleted, recreated) {
-        (false, true, _) | (true, true, true) => Some(after.current_sequence),
-        (false, false, true) => Some(before.current_sequence),
+        (false, true, _) | (true, true, true) | (false, false, true) => Some(after.current_sequence),
         _ => None,
     }
 }

@@ -343,7 +343,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// # Correctness
     /// The vote is fsynced before this returns: a node must never vote twice in a term.
+    /// The log is fsynced first: a leader's own appends are fsynced in the background, and a
+    /// leader that steps down may be asked by its successor about entries it appended but has
+    /// not yet fsynced. openraft answers such a request from the log as it reads it, without
+    /// waiting for their flush; after this, every entry appended under an older vote is durable
+    /// before the node acts under the new one. Votes change rarely, so this costs little.
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        self.segments.sync().map_err(write_err)?;
         let bytes = bincode::serialize(vote).map_err(|e| write_err(StoreError::decode("vote")(e)))?;
         let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
         self.db.put_cf_opt(raft, VOTE, bytes, &synced()).map_err(write_err)

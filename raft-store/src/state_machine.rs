@@ -374,10 +374,15 @@ impl SnapshotFiles {
     }
 
     /// Records `meta` as the current snapshot if it is newer, and removes older files.
+    ///
+    /// One of the same log id is refused: a build that read the state machine while an
+    /// install of that log id was writing it (an install of many batches writes its
+    /// `last_applied` in the first) holds part of the installed data only, and must not
+    /// replace the installed file.
     fn set_current(&self, meta: &SnapshotMeta) -> Result<bool, StoreError> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(current) = self.current_meta()? {
-            if current.last_log_id > meta.last_log_id {
+            if current.last_log_id >= meta.last_log_id {
                 return Ok(false);
             }
         }
@@ -599,6 +604,35 @@ impl StateMachine {
 #[cfg(test)]
 mod tests {
     use super::snapshot_file_name;
+
+    /// A build of the log id the current snapshot already covers (one that may have read an
+    /// install half done) does not replace it; a build further along does.
+    #[tokio::test]
+    async fn only_a_snapshot_further_along_replaces_the_current_one() {
+        use openraft::storage::RaftStateMachine;
+        use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
+
+        use crate::typ::Entry;
+        use crate::Request;
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = crate::open(dir.path()).unwrap();
+        let entry = |index: u64| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Request::SetClusterId { id: "c".into() }),
+        };
+        store.state_machine.apply(vec![entry(1)]).await.unwrap();
+        let first = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap().meta;
+        let files = store.state_machine.snapshots.clone();
+        let mut same = first.clone();
+        same.snapshot_id = "1-1-other".into();
+        assert!(!files.set_current(&same).unwrap(), "the same log id");
+        assert_eq!(files.current_meta().unwrap().unwrap().snapshot_id, first.snapshot_id);
+        assert!(files.path(&first.snapshot_id).exists(), "the current file is kept");
+        store.state_machine.apply(vec![entry(2)]).await.unwrap();
+        let second = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap().meta;
+        assert_eq!(files.current_meta().unwrap().unwrap().snapshot_id, second.snapshot_id);
+        assert!(!files.path(&first.snapshot_id).exists(), "the older file is removed");
+    }
 
     #[test]
     fn a_snapshot_id_never_names_a_file_outside_the_snapshot_directory() {

@@ -71,6 +71,8 @@ pub enum RpcResponse {
     /// A `StepDown` was passed to the target's Raft (which ignores it if it follows another
     /// leader by now). Added last.
     SteppedDown,
+    /// The target's Raft has stopped: it did not take the `StepDown`. Added last.
+    StepDownRefused,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

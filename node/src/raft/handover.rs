@@ -87,8 +87,8 @@ impl Handover {
             let request = RpcRequest::StepDown { target: id, vote, elect };
             match peers.conn(id, &addr).call(request, HANDOVER_RPC_TIMEOUT).await {
                 Ok(RpcResponse::SteppedDown) => true,
-                // A voter that could not read the request (an older build) or is not `id`
-                // (a stale address) did not take it: counting it would let the successor stand
+                // A voter that could not read the request (an older build), whose Raft has
+                // stopped, or that is not `id` (a stale address) did not take it: counting it would let the successor stand
                 // before enough voters stopped waiting out the lease.
                 Ok(other) => {
                     tracing::warn!(node = id, answer = ?other, "a voter did not take this leader's step-down");
@@ -195,18 +195,29 @@ mod tests {
     /// second voter has, here the slow one.
     #[tokio::test]
     async fn a_voter_that_cannot_read_the_step_down_does_not_count() {
+        successor_waits_for_the_slow_voter_beside(|| RpcResponse::Undecodable).await;
+    }
+
+    /// Nor does a voter whose Raft has stopped.
+    #[tokio::test]
+    async fn a_voter_whose_raft_stopped_does_not_count() {
+        successor_waits_for_the_slow_voter_beside(|| RpcResponse::StepDownRefused).await;
+    }
+
+    /// Five voters: the successor, one that answers `not_taken()`, a quick one and a slow one.
+    async fn successor_waits_for_the_slow_voter_beside(not_taken: fn() -> RpcResponse) {
         use std::time::Duration;
         const SLOW: Duration = Duration::from_millis(300);
         let (heard, mut told) = tokio::sync::mpsc::unbounded_channel();
         let none = tokio::sync::mpsc::unbounded_channel().0;
-        let undecodable = voter(|| RpcResponse::Undecodable, Duration::ZERO, none.clone()).await;
+        let not_taking = voter(not_taken, Duration::ZERO, none.clone()).await;
         let quick = voter(|| RpcResponse::SteppedDown, Duration::ZERO, none.clone()).await;
         let slow = voter(|| RpcResponse::SteppedDown, SLOW, none).await;
         let successor = voter(|| RpcResponse::SteppedDown, Duration::ZERO, heard).await;
         let handover = Handover {
             vote: Vote::new_committed(3, 1),
             successor: (5, successor),
-            others: vec![(2, undecodable), (3, quick), (4, slow)],
+            others: vec![(2, not_taking), (3, quick), (4, slow)],
         };
         let intro = super::super::network::Introduction { secret: None, cluster_id: std::sync::Arc::new(|| None) };
         let peers = PeerPool::new(crate::net::Env::production(None), intro);

@@ -157,11 +157,15 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
         RpcRequest::InstallSnapshot { req, .. } => RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await),
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
         RpcRequest::StepDown { vote, elect, .. } => {
-            // A Raft that has stopped has nothing to hand over to; the leader goes on without it.
-            if let Err(e) = app.raft.trigger().leader_stepped_down(vote, elect).await {
-                tracing::warn!(error = %e, "cannot take over from a stopping leader");
+            // A Raft that has stopped has nothing to hand over to: saying so keeps the leader
+            // from counting this voter as one that stopped waiting out its lease.
+            match app.raft.trigger().leader_stepped_down(vote, elect).await {
+                Ok(()) => RpcResponse::SteppedDown,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take over from a stopping leader");
+                    RpcResponse::StepDownRefused
+                }
             }
-            RpcResponse::SteppedDown
         }
     }
 }

@@ -274,9 +274,8 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
         // the deletion is delivered, then the notice, even if the topic is live again.
         let deleted_since_start = signal.deletions != deletions_at_start;
         let last = if deleted_since_start { signal.deleted_after(deletions_at_start) } else { signal.current_sequence };
-        if signal.first_sequence > cursor + 1 {
-            out.send_all([frames::messages_expired(&s.topic, cursor, signal.first_sequence)]).await?;
-            cursor = signal.first_sequence - 1;
+        if let Some((requested, first)) = skip_expired(&mut cursor, signal.first_sequence, last, deleted_since_start) {
+            out.send_all([frames::messages_expired(&s.topic, requested, first)]).await?;
         }
         if cursor < last {
             let mut page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
@@ -307,7 +306,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // a message.
                 app.read_pages.try_take(frame_bytes(&page))
             };
-            if deliver_page(app, out, s, &mut cursor, last, page).await? {
+            if deliver_page(app, out, s, (&mut cursor, last, deleted_since_start), page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
                 // on this path too, or a client that only answers pings (a browser) is never
                 // pinged, and cut off as silent once the delivery lets up.
@@ -369,15 +368,15 @@ fn read_page(app: &SharedApp, s: &Session, cursor: u64) -> Result<Vec<(u64, Utf8
     Ok(page)
 }
 
-/// Sends `page`, the messages after `cursor`, up to `last`, and moves the cursor past them.
-/// Messages trimmed meanwhile are announced with `messages_expired`. False when the page is
-/// empty (storage had nothing after the cursor; the cursor did not move).
+/// Sends `page`, the messages after `cursor`, up to `last` (a deletion's sequence when
+/// `ends_at_deletion`), and moves the cursor past them. Messages trimmed meanwhile are
+/// announced with `messages_expired`. False when the page is empty (storage had nothing after
+/// the cursor; the cursor did not move).
 async fn deliver_page(
     app: &SharedApp,
     out: &mut Outbox,
     s: &Session,
-    cursor: &mut u64,
-    last: u64,
+    (cursor, last, ends_at_deletion): (&mut u64, u64, bool),
     page: Vec<(u64, Utf8Bytes)>,
 ) -> Result<bool, End> {
     let Some(&(first, _)) = page.first() else { return Ok(false) };
@@ -397,13 +396,30 @@ async fn deliver_page(
         delivered += 1;
     }
     if first > last {
-        // Everything up to `last` (a deletion's sequence) was trimmed meanwhile.
-        frames_out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, *cursor, first)));
-        *cursor = last;
+        // Everything after the cursor up to `last` was trimmed meanwhile (storage is ahead of
+        // the signal read): announced once, here, not again when the signal catches up.
+        if let Some((requested, first)) = skip_expired(cursor, first, last, ends_at_deletion) {
+            frames_out.push(Utf8Bytes::from(frames::messages_expired(&s.topic, requested, first)));
+        }
     }
     out.send_all(frames_out).await?;
     app.metrics.delivered.inc_by(delivered);
     Ok(true)
+}
+
+/// When the first message kept is `first_kept` and the subscriber is owed everything after
+/// `cursor` up to `last`: the `messages_expired` notice to send, as (requested cursor, first
+/// available), with the cursor moved past what is gone. Up to a deletion (`ends_at_deletion`),
+/// what is owed ends at `last`: messages kept after it belong to the topic created again, so
+/// the notice says `last + 1` and `topic_deleted` follows, with no second notice.
+fn skip_expired(cursor: &mut u64, first_kept: u64, last: u64, ends_at_deletion: bool) -> Option<(u64, u64)> {
+    let first_owed = if ends_at_deletion { first_kept.min(last + 1) } else { first_kept };
+    if first_owed <= *cursor + 1 {
+        return None;
+    }
+    let requested = *cursor;
+    *cursor = first_owed - 1;
+    Some((requested, first_owed))
 }
 
 /// The leader each time the server's metrics change; ends when Raft shuts down. A stream, so
@@ -422,4 +438,42 @@ fn addr_of(app: &SharedApp, id: u64) -> String {
     let metrics = app.raft.metrics();
     let m = metrics.borrow();
     m.membership_config.membership().get_node(&id).map(|n| app.client_address(id, &n.addr)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip_expired;
+
+    /// Storage ahead of the signal: trimmed to 16 while the signal still ended at 10. One
+    /// notice, and none when the signal catches up.
+    #[test]
+    fn a_trim_seen_in_storage_first_is_announced_once() {
+        let mut cursor = 4;
+        assert_eq!(skip_expired(&mut cursor, 16, 10, false), Some((4, 16)));
+        assert_eq!(cursor, 15);
+        assert_eq!(skip_expired(&mut cursor, 16, 20, false), None, "the signal caught up");
+        assert_eq!(cursor, 15);
+    }
+
+    /// Deleted at 10, created again and trimmed to 16: what was owed ended at 10, so the
+    /// notice says 11 (not the new topic's 16) and the check that follows says nothing more.
+    #[test]
+    fn a_trim_past_a_deletion_is_announced_up_to_the_deletion_once() {
+        let mut cursor = 4;
+        assert_eq!(skip_expired(&mut cursor, 16, 10, true), Some((4, 11)));
+        assert_eq!(cursor, 10);
+        assert_eq!(skip_expired(&mut cursor, 16, 10, true), None);
+        // A trim within what was owed is announced as it is.
+        let mut cursor = 4;
+        assert_eq!(skip_expired(&mut cursor, 8, 10, true), Some((4, 8)));
+        assert_eq!(cursor, 7);
+    }
+
+    #[test]
+    fn no_gap_no_notice() {
+        let mut cursor = 4;
+        assert_eq!(skip_expired(&mut cursor, 5, 10, false), None);
+        assert_eq!(skip_expired(&mut cursor, 1, 10, true), None);
+        assert_eq!(cursor, 4);
+    }
 }
