@@ -6,9 +6,9 @@
 //! leader), crashes with restarts from the same data dir, clean stops of the leader (which hands
 //! over), message delay and clock jumps.
 //! Clients publish with retries that keep the id, and subscribe with reconnects that resume
-//! from their last sequence. An observer asks every node for its term and leader every
-//! [`OBSERVE_EVERY`], so that a vote that goes back (an older term, or a lower leader within a
-//! term: openraft's election safety, see `history.rs`) fails the run. After the faults stop
+//! from their last sequence. An observer asks every node for its saved vote every
+//! [`OBSERVE_EVERY`], so that a vote that goes back (an older term, or a lower candidate within
+//! a term: openraft's election safety, see `history.rs`) fails the run. After the faults stop
 //! and the network heals, every node's log and every client observation go through
 //! `History::check`. The clean stops are counted with the hand-overs they made, and the CI
 //! seeds must include hand-overs whose successor stood.
@@ -241,7 +241,7 @@ struct Run {
     handovers: handovers::Counts,
 }
 
-/// Asks node `i` for its term and leader every [`OBSERVE_EVERY`] until `done`, recording
+/// Asks node `i` for its saved vote every [`OBSERVE_EVERY`] until `done`, recording
 /// each answer in order.
 async fn observe_votes(i: usize, votes: Arc<Mutex<BTreeMap<String, Vec<VoteSeen>>>>, done: Arc<AtomicBool>) {
     while !done.load(Ordering::SeqCst) {
@@ -470,8 +470,7 @@ fn run(s: &Scenario) -> Result<Run, String> {
 
 /// How many terms the observer saw a leader in.
 fn terms_with_a_leader(history: &History) -> usize {
-    let terms: BTreeSet<u64> =
-        history.votes.values().flatten().filter(|v| v.leader.is_some()).map(|v| v.term).collect();
+    let terms: BTreeSet<u64> = history.votes.values().flatten().filter(|v| v.committed).map(|v| v.term).collect();
     terms.len()
 }
 

@@ -463,9 +463,9 @@ impl Client {
 
     /// Publishes 1–1000 messages as one Raft entry. Messages without an id get a generated
     /// one before the first attempt, so a retried batch is deduplicated message by message.
-    /// Those ids stay inside this call: when it fails with [`Error::Indeterminate`] (the batch
-    /// may have been stored), only messages given ids ([`NewMessage::with_id`]) can be
-    /// published again without storing them twice.
+    /// When it fails with [`Error::Indeterminate`] (the batch may have been stored), the
+    /// error's `ids` names every message's id in order, the generated ones included: publish
+    /// the messages again under them to store each once.
     ///
     /// ```no_run
     /// # async fn run(client: pubsub_client::Client) -> Result<(), pubsub_client::Error> {

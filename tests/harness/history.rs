@@ -8,16 +8,18 @@
 //! - sequences are contiguous from the first retained one;
 //! - no subscriber connection saw a gap (without a `messages_expired` notice) or a duplicate,
 //!   and what it saw matches the log;
-//! - no node's term went back, and within one term no node went back to a leader with a lower
-//!   id, when the history holds what an observer saw of each node.
+//! - no node's saved vote went back (an older term, or within one term a candidate with a
+//!   lower id), when the history holds what an observer saw of each node.
 //!
 //! Election safety is checked as openraft promises it. openraft runs in its default "adv" mode
 //! (no `single-term-leader` feature): a leader is identified by (term, node id), totally
 //! ordered, and one term may have several leaders in turn, each with a higher id than the
 //! last (docs.rs/openraft, `docs::data::leader_id`). Two leaders in one term are therefore
-//! legal; what is not is a node granting or following a lower (term, id) than one it already
-//! had, which would let two leaders commit at once. That is what the vote checks below catch,
-//! and the log checks catch any fork or lost write it would cause.
+//! legal; what is not is a node granting a lower (term, id) than one it already had, which
+//! would let two leaders commit at once. That is what the vote check below catches, on the
+//! vote as saved (`raft_vote` of `GET /cluster`: the term in memory may run ahead of it, and a
+//! crash before the save takes it back), and the log checks catch any fork or lost write it
+//! would cause.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -35,21 +37,24 @@ pub struct History {
     pub votes: BTreeMap<String, Vec<VoteSeen>>,
 }
 
-/// One answer of a node about its term and the leader it knows.
+/// A node's saved vote, as one answer showed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VoteSeen {
     pub term: u64,
-    /// The leader's node id, when the node knows one.
-    pub leader: Option<u64>,
+    /// The candidate voted for.
+    pub node: u64,
+    /// Granted by a quorum: `node` leads, or led, `term`.
+    pub committed: bool,
 }
 
 impl VoteSeen {
-    /// From a `GET /cluster` answer; None for term 0, a restarted node whose Raft has not yet
-    /// loaded its vote.
+    /// From a `GET /cluster` answer (`raft_vote`); None for term 0, a node that never voted or
+    /// a restarted one whose Raft has not yet loaded its vote.
     pub fn from_cluster_info(info: &serde_json::Value) -> Option<VoteSeen> {
-        let term = info["raft_term"].as_u64().filter(|t| *t > 0)?;
-        let leader = info["leader_id"].as_str().and_then(|l| l.strip_prefix("node-")?.parse().ok());
-        Some(VoteSeen { term, leader })
+        let vote = &info["raft_vote"];
+        let term = vote["term"].as_u64().filter(|t| *t > 0)?;
+        let node = vote["node_id"].as_str()?.strip_prefix("node-")?.parse().ok()?;
+        Some(VoteSeen { term, node, committed: vote["committed"].as_bool()? })
     }
 }
 
@@ -84,7 +89,7 @@ pub enum Violation {
     SubscriberDuplicate { subscription: String, sequence: u64 },
     SubscriberMismatch { subscription: String, sequence: u64, saw: String, log: String },
     TermWentBack { node: String, from: u64, to: u64 },
-    LeaderWentBack { node: String, term: u64, from: u64, to: u64 },
+    VoteWentBack { node: String, term: u64, from: u64, to: u64 },
 }
 
 impl fmt::Display for Violation {
@@ -180,25 +185,18 @@ pub fn vote_violations(votes: &BTreeMap<String, Vec<VoteSeen>>) -> Vec<Violation
     out
 }
 
-/// One node's votes, seen in order, only go up: its term never decreases (the vote is
-/// persisted before it is used, so a restart keeps it), and within a term the leader it
-/// knows never has a lower id than one it knew before.
+/// One node's saved votes, seen in order, only go up: its term never decreases (a restart
+/// reads the vote back), and within a term the candidate it voted for never has a lower id
+/// than one it voted for before.
 fn check_votes(node: &str, seen: &[VoteSeen], out: &mut Vec<Violation>) {
-    let mut term = 0;
-    let mut leader: Option<u64> = None;
+    let (mut term, mut voted) = (0, 0);
     for v in seen {
         if v.term < term {
             out.push(Violation::TermWentBack { node: node.to_string(), from: term, to: v.term });
-            continue;
-        }
-        if v.term > term {
-            (term, leader) = (v.term, None);
-        }
-        if let Some(now) = v.leader {
-            if let Some(before) = leader.filter(|before| now < *before) {
-                out.push(Violation::LeaderWentBack { node: node.to_string(), term, from: before, to: now });
-            }
-            leader = leader.max(Some(now));
+        } else if v.term == term && v.node < voted {
+            out.push(Violation::VoteWentBack { node: node.to_string(), term, from: voted, to: v.node });
+        } else {
+            (term, voted) = (v.term, v.node);
         }
     }
 }
@@ -270,8 +268,8 @@ mod tests {
         assert_eq!(v.len(), 2, "{v:?}");
     }
 
-    fn seen(term: u64, leader: Option<u64>) -> VoteSeen {
-        VoteSeen { term, leader }
+    fn seen(term: u64, node: u64, committed: bool) -> VoteSeen {
+        VoteSeen { term, node, committed }
     }
 
     #[test]
@@ -280,22 +278,22 @@ mod tests {
         // n1 led term 3, then n2 (a higher id) took over in the same term: legal in adv mode.
         h.votes.insert(
             "n1".into(),
-            vec![seen(2, None), seen(3, Some(1)), seen(3, None), seen(3, Some(2)), seen(5, Some(1))],
+            vec![seen(2, 3, false), seen(3, 1, false), seen(3, 1, true), seen(3, 2, true), seen(5, 1, true)],
         );
-        h.votes.insert("n2".into(), vec![seen(3, Some(2)), seen(3, Some(2)), seen(4, None)]);
+        h.votes.insert("n2".into(), vec![seen(3, 2, true), seen(3, 2, true), seen(4, 3, false)]);
         assert_eq!(h.check(), vec![]);
     }
 
     #[test]
-    fn a_term_or_a_leader_that_goes_back_is_reported() {
+    fn a_term_or_a_vote_that_goes_back_is_reported() {
         let mut h = good();
-        h.votes.insert("n1".into(), vec![seen(4, Some(1)), seen(3, Some(1))]);
-        h.votes.insert("n2".into(), vec![seen(3, Some(3)), seen(3, None), seen(3, Some(2)), seen(4, Some(1))]);
+        h.votes.insert("n1".into(), vec![seen(4, 1, true), seen(3, 1, true)]);
+        h.votes.insert("n2".into(), vec![seen(3, 3, false), seen(3, 2, true), seen(4, 1, false)]);
         assert_eq!(
             h.check(),
             vec![
                 Violation::TermWentBack { node: "n1".into(), from: 4, to: 3 },
-                Violation::LeaderWentBack { node: "n2".into(), term: 3, from: 3, to: 2 },
+                Violation::VoteWentBack { node: "n2".into(), term: 3, from: 3, to: 2 },
             ]
         );
     }

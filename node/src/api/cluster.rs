@@ -45,6 +45,13 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         "leader_address": leader_address,
         "peers": peers.into_iter().map(|(id, addr)| app.client_address(id, &addr)).collect::<Vec<_>>(),
         "raft_term": m.current_term,
+        // The vote as saved on disk (`raft_term` is the one in memory, which may be ahead of
+        // it for a moment): in openraft's mode it only ever goes up, restarts included.
+        "raft_vote": {
+            "term": m.vote.leader_id.term,
+            "node_id": format!("node-{}", m.vote.leader_id.node_id),
+            "committed": m.vote.committed,
+        },
         "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
         "role": role(m.state),
         "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
