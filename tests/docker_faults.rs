@@ -323,7 +323,8 @@ struct LeaderStats {
 
 /// Polls /cluster on every node until `stop`, recording the time without a working leader and
 /// any vote that went back (`history::vote_violations`: an older saved term, or a lower
-/// candidate within a term; openraft allows several leaders in one term, in increasing id order). A working leader is one a majority agrees on whose commit index
+/// candidate within a term; openraft allows several leaders in one term, in increasing id
+/// order). A working leader is one a majority agrees on whose commit index
 /// moved since the previous poll: the load keeps it moving while a leader works, whereas a
 /// leader cut off from its followers still says `role: leader` (and they still name it until
 /// their election timeout) without committing anything.

@@ -444,14 +444,9 @@ impl Client {
         }
         // A `409` whose `existing_sequence` is null never comes back from `execute`: it is
         // retried until the first publish resolves (see `retry::classify`).
-        let reply = self.execute(&call).await.map_err(|error| match error {
-            // Name the id, generated here when the caller gave none: only with it can the
-            // caller publish again without storing the message twice.
-            Error::Indeterminate { source, .. } => {
-                Error::Indeterminate { id: Some(id.clone()), ids: Vec::new(), source }
-            }
-            other => other,
-        })?;
+        // Name the id, generated here when the caller gave none: only with it can the caller
+        // publish again without storing the message twice.
+        let reply = self.execute(&call).await.map_err(|error| error.naming_message(&id))?;
         if reply.status == 409 && reply.maybe_applied {
             let err = reply.api_error();
             if let (ErrorCode::DuplicateMessageId, Some(sequence)) = (&err.code, err.existing_sequence()) {
@@ -490,14 +485,12 @@ impl Client {
         }
         let body = BatchBody { messages: &messages };
         let call = Call::new(Method::POST, &["topics", topic, "messages", "batch"], true).json_body(&body)?;
-        let reply = self.execute(&call).await.map_err(|error| match error {
-            // Name the ids, generated here where the caller gave none: only with them can the
-            // caller publish the batch again without storing a message twice.
-            Error::Indeterminate { source, .. } => {
-                Error::Indeterminate { id: None, ids: messages.iter().filter_map(|m| m.id.clone()).collect(), source }
-            }
-            other => other,
-        })?;
+        // Name the ids, generated here where the caller gave none: only with them can the
+        // caller publish the batch again without storing a message twice.
+        let reply = self
+            .execute(&call)
+            .await
+            .map_err(|error| error.naming_batch(|| messages.iter().filter_map(|m| m.id.clone()).collect()))?;
         let raw: RawBatchAck = reply.parse()?;
         Ok(BatchAck {
             topic: raw.topic,

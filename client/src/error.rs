@@ -273,7 +273,7 @@ pub enum Error {
     /// later attempts never got a final answer. A publish may be stored. Publishing again with
     /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
     /// says it was stored). `source` is the last attempt's failure.
-    #[error("{}outcome unknown, it may have taken effect: {source}", naming(id, ids))]
+    #[error("{}outcome unknown, it may have taken effect: {source}", which_write(id, ids))]
     Indeterminate {
         /// The message id, for a single publish (the generated one when the caller gave none).
         id: Option<String>,
@@ -287,7 +287,7 @@ pub enum Error {
 }
 
 /// The start of an [`Error::Indeterminate`] message: which write it was.
-fn naming(id: &Option<String>, ids: &[String]) -> String {
+fn which_write(id: &Option<String>, ids: &[String]) -> String {
     match (id, ids) {
         (Some(id), _) => format!("message {id}: "),
         (None, [only]) => format!("batch of 1 message ({only}): "),
@@ -297,6 +297,30 @@ fn naming(id: &Option<String>, ids: &[String]) -> String {
 }
 
 impl Error {
+    /// [`Error::Indeterminate`] after `source`, for message `id` when there is one.
+    pub(crate) fn indeterminate(id: Option<String>, source: Error) -> Error {
+        Error::Indeterminate { id, ids: Vec::new(), source: Box::new(source) }
+    }
+
+    /// An [`Error::Indeterminate`] named after the publish of message `id` (perhaps generated
+    /// by the caller of `execute`, which alone knows it); any other error as it is.
+    pub(crate) fn naming_message(self, id: &str) -> Error {
+        match self {
+            Error::Indeterminate { source, .. } => {
+                Error::Indeterminate { id: Some(id.to_string()), ids: Vec::new(), source }
+            }
+            other => other,
+        }
+    }
+
+    /// [`Error::naming_message`] for a batch publish of messages `ids`, in order.
+    pub(crate) fn naming_batch(self, ids: impl FnOnce() -> Vec<String>) -> Error {
+        match self {
+            Error::Indeterminate { source, .. } => Error::Indeterminate { id: None, ids: ids(), source },
+            other => other,
+        }
+    }
+
     /// The server's error, when the server answered.
     pub fn api(&self) -> Option<&ApiError> {
         match self {

@@ -224,7 +224,7 @@ impl Publisher {
         }
         // From here the frame may have reached the server: without an answer, the message
         // may be stored.
-        let unknown = |source| Error::Indeterminate { id: Some(id.clone()), ids: Vec::new(), source: Box::new(source) };
+        let unknown = |source| Error::indeterminate(Some(id.clone()), source);
         let answer = match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(Ok(answer))) => answer,
             Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(unknown(self.lost(&id))),

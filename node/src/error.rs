@@ -129,9 +129,10 @@ impl ApiError {
     /// Names the message `id` in a `raft_timeout` or `not_committed` answer to a publish: the
     /// write may still commit, and only under the same id can it be retried safely.
     pub fn naming_id(self, id: &str) -> Self {
-        match self.may_still_commit() {
-            true => Self::Unconfirmed { id: id.to_string(), cause: Box::new(self) },
-            false => self,
+        if self.may_still_commit() {
+            Self::Unconfirmed { id: id.to_string(), cause: Box::new(self) }
+        } else {
+            self
         }
     }
 

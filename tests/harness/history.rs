@@ -176,29 +176,24 @@ impl History {
     }
 }
 
-/// Every vote that went back, node by node (see [`check_votes`]).
+/// Every saved vote that went back. Each node's votes, seen in order, only go up: its term
+/// never decreases (a restart reads the vote back), and within a term the candidate it voted
+/// for never has a lower id than one it voted for before.
 pub fn vote_violations(votes: &BTreeMap<String, Vec<VoteSeen>>) -> Vec<Violation> {
     let mut out = Vec::new();
     for (node, seen) in votes {
-        check_votes(node, seen, &mut out);
-    }
-    out
-}
-
-/// One node's saved votes, seen in order, only go up: its term never decreases (a restart
-/// reads the vote back), and within a term the candidate it voted for never has a lower id
-/// than one it voted for before.
-fn check_votes(node: &str, seen: &[VoteSeen], out: &mut Vec<Violation>) {
-    let (mut term, mut voted) = (0, 0);
-    for v in seen {
-        if v.term < term {
-            out.push(Violation::TermWentBack { node: node.to_string(), from: term, to: v.term });
-        } else if v.term == term && v.node < voted {
-            out.push(Violation::VoteWentBack { node: node.to_string(), term, from: voted, to: v.node });
-        } else {
-            (term, voted) = (v.term, v.node);
+        let (mut term, mut voted) = (0, 0);
+        for v in seen {
+            if v.term < term {
+                out.push(Violation::TermWentBack { node: node.clone(), from: term, to: v.term });
+            } else if v.term == term && v.node < voted {
+                out.push(Violation::VoteWentBack { node: node.clone(), term, from: voted, to: v.node });
+            } else {
+                (term, voted) = (v.term, v.node);
+            }
         }
     }
+    out
 }
 
 #[cfg(test)]

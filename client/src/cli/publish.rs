@@ -86,7 +86,7 @@ async fn publish_one(
             // Said in the error too, so `--json` callers get the id.
             Err(match error {
                 Error::Indeterminate { .. } => error,
-                other => Error::Indeterminate { id: Some(id), ids: Vec::new(), source: Box::new(other) },
+                other => Error::indeterminate(Some(id), other),
             }
             .into())
         }
@@ -272,7 +272,7 @@ mod tests {
         assert!(may_have_been_stored(&api(500, r#"{"error":"not_committed"}"#)));
         let timeout = Error::Timeout { attempts: 3, elapsed: std::time::Duration::from_secs(30) };
         assert!(!may_have_been_stored(&timeout), "no attempt got as far as sending");
-        assert!(may_have_been_stored(&Error::Indeterminate { id: None, ids: Vec::new(), source: Box::new(timeout) }));
+        assert!(may_have_been_stored(&Error::indeterminate(None, timeout)));
         assert!(!may_have_been_stored(&api(404, r#"{"error":"topic_not_found"}"#)));
         assert!(!may_have_been_stored(&api(409, r#"{"error":"duplicate_message_id"}"#)));
         assert!(!may_have_been_stored(&Error::InvalidArgument("x".into())));

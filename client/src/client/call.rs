@@ -225,7 +225,7 @@ impl Client {
                 |error| match maybe_applied && call.method != Method::GET {
                     // Named after the last failure alone, the error would hide that an earlier
                     // attempt of a write may have been stored (a lost answer, then no leader).
-                    true => Error::Indeterminate { id: None, ids: Vec::new(), source: Box::new(error) },
+                    true => Error::indeterminate(None, error),
                     false => error,
                 },
             )?;

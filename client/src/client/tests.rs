@@ -54,6 +54,15 @@ async fn never_answers() -> &'static str {
     "never"
 }
 
+/// A node that leads and never answers a POST to `path`.
+async fn silent_leader(path: &'static str) -> String {
+    serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(path, post(never_answers))
+    })
+    .await
+}
+
 fn published(body: &Value, sequence: u64) -> Response {
     (
         axum::http::StatusCode::CREATED,
@@ -325,13 +334,7 @@ async fn an_answer_cut_off_after_the_request_counts_as_maybe_applied() {
 
 #[tokio::test]
 async fn a_node_that_never_answers_is_a_timeout() {
-    let node = serve_with(|me| {
-        let cluster = cluster_body("node-1", Some(&me), &[&me]);
-        Router::new()
-            .route("/cluster", get(move || async move { Json(cluster) }))
-            .route("/topics/{name}/messages", post(never_answers))
-    })
-    .await;
+    let node = silent_leader("/topics/{name}/messages").await;
     let client = impatient_client(&node, 2);
     let started = std::time::Instant::now();
     let publish = client.publish("t", json!(1)).await;
@@ -347,13 +350,7 @@ async fn a_node_that_never_answers_is_a_timeout() {
 /// generated ones too, so that the caller can publish the batch again without a second copy.
 #[tokio::test]
 async fn a_batch_that_is_never_answered_names_its_ids() {
-    let node = serve_with(|me| {
-        let cluster = cluster_body("node-1", Some(&me), &[&me]);
-        Router::new()
-            .route("/cluster", get(move || async move { Json(cluster) }))
-            .route("/topics/{name}/messages/batch", post(never_answers))
-    })
-    .await;
+    let node = silent_leader("/topics/{name}/messages/batch").await;
     let client = impatient_client(&node, 2);
     let batch = vec![NewMessage::new(json!(1)).with_id("given"), NewMessage::new(json!(2))];
     let publish = client.publish_batch("t", batch).await;

@@ -93,14 +93,9 @@ async fn body_within(
                 // Room is almost always free: only then skip arming a timer.
                 let more = match budget.try_take(chunk.len()) {
                     Some(more) => more,
-                    None => match tokio::time::timeout(room_timeout, budget.take(chunk.len())).await {
-                        Ok(more) => more,
-                        Err(_) => {
-                            return Err(ApiError::Unavailable(
-                                "the node holds too many request bodies; retry shortly".into(),
-                            ))
-                        }
-                    },
+                    None => tokio::time::timeout(room_timeout, budget.take(chunk.len())).await.map_err(|_| {
+                        ApiError::Unavailable("the node holds too many request bodies; retry shortly".into())
+                    })?,
                 };
                 match room.as_mut() {
                     Some(room) => room.merge(more),

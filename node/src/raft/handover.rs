@@ -88,7 +88,8 @@ impl Handover {
             match peers.conn(id, &addr).call(request, HANDOVER_RPC_TIMEOUT).await {
                 Ok(RpcResponse::SteppedDown) => true,
                 // A voter that could not read the request (an older build), whose Raft has
-                // stopped, or that is not `id` (a stale address) did not take it: counting it would let the successor stand
+                // stopped, or that is not `id` (a stale address) did not take it: counting it
+                // would let the successor stand
                 // before enough voters stopped waiting out the lease.
                 Ok(other) => {
                     tracing::warn!(node = id, answer = ?other, "a voter did not take this leader's step-down");

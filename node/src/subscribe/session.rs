@@ -306,7 +306,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // a message.
                 app.read_pages.try_take(frame_bytes(&page))
             };
-            if deliver_page(app, out, s, (&mut cursor, last, deleted_since_start), page).await? {
+            if deliver_page(app, out, s, &mut cursor, last, deleted_since_start, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
                 // on this path too, or a client that only answers pings (a browser) is never
                 // pinged, and cut off as silent once the delivery lets up.
@@ -376,7 +376,9 @@ async fn deliver_page(
     app: &SharedApp,
     out: &mut Outbox,
     s: &Session,
-    (cursor, last, ends_at_deletion): (&mut u64, u64, bool),
+    cursor: &mut u64,
+    last: u64,
+    ends_at_deletion: bool,
     page: Vec<(u64, Utf8Bytes)>,
 ) -> Result<bool, End> {
     let Some(&(first, _)) = page.first() else { return Ok(false) };
