@@ -279,7 +279,7 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     let forgotten = client.forget_subscriber("t", "billing").await.expect("forget");
     assert_eq!((forgotten.acked_sequence, forgotten.deleted), (Some(6), true));
     match client.forget_subscriber("t", "billing").await {
-        Err(pubsub_client::Error::Api(e)) => assert_eq!(e.code, pubsub_client::ErrorCode::Other("not_found".into())),
+        Err(pubsub_client::Error::Api(e)) => assert_eq!(e.code, pubsub_client::ErrorCode::NotFound),
         other => panic!("forgot a cursor twice: {other:?}"),
     }
 

@@ -724,7 +724,8 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
 
 /// A client that sends part of a request's headers and then nothing is cut off after the
 /// node's header deadline (`HEADER_READ_TIMEOUT`) instead of holding its connection and
-/// buffers forever; so is a keep-alive connection left idle that long after an answer.
+/// buffers forever; so is a keep-alive connection left idle that long after an answer. An
+/// HTTP/2 preface (which had no deadline at all) is refused at once.
 /// Without the deadline both reads below wait until the simulation ends.
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
@@ -742,12 +743,20 @@ fn connections_that_send_no_request_in_time_are_closed() {
         idle.write_all(b"GET /health HTTP/1.1\r\nhost: n0\r\n\r\n").await?;
         // Sends nothing at all: hyper's version detection had no timer for that.
         let mut silent = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
+        // An HTTP/2 preface and then nothing: HTTP/2 had no idle deadline. Refused at once now.
+        let mut preface = turmoil::net::TcpStream::connect((host(0), 8080)).await?;
+        preface.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
         let sent = tokio::time::Instant::now();
         let closed_in_time = || {
             let after = sent.elapsed();
             after >= HEADER_READ_TIMEOUT - Duration::from_secs(1)
                 && after <= HEADER_READ_TIMEOUT + Duration::from_secs(2)
         };
+
+        let mut refused = Vec::new();
+        preface.read_to_end(&mut refused).await?;
+        assert!(sent.elapsed() < Duration::from_secs(1), "an HTTP/2 preface held its connection {:?}", sent.elapsed());
+        assert!(!refused.starts_with(b"HTTP/1.1 2"), "{}", String::from_utf8_lossy(&refused));
 
         let mut answer = Vec::new();
         idle.read_to_end(&mut answer).await?;

@@ -453,7 +453,7 @@ impl Client {
                 return Ok(PublishAck::already_stored(id, topic, sequence));
             }
         }
-        reply.parse()
+        reply.parse().map_err(|error| error.naming_message(&id))
     }
 
     /// Publishes 1–1000 messages as one Raft entry. Messages without an id get a generated
@@ -487,11 +487,9 @@ impl Client {
         let call = Call::new(Method::POST, &["topics", topic, "messages", "batch"], true).json_body(&body)?;
         // Name the ids, generated here where the caller gave none: only with them can the
         // caller publish the batch again without storing a message twice.
-        let reply = self
-            .execute(&call)
-            .await
-            .map_err(|error| error.naming_batch(|| messages.iter().filter_map(|m| m.id.clone()).collect()))?;
-        let raw: RawBatchAck = reply.parse()?;
+        let ids = || messages.iter().filter_map(|m| m.id.clone()).collect();
+        let reply = self.execute(&call).await.map_err(|error| error.naming_batch(ids))?;
+        let raw: RawBatchAck = reply.parse().map_err(|error| error.naming_batch(ids))?;
         Ok(BatchAck {
             topic: raw.topic,
             results: raw.results.into_iter().map(BatchItem::from).collect(),
@@ -558,8 +556,7 @@ impl Client {
     pub async fn forget_subscriber(&self, topic: &str, subscriber_id: &str) -> Result<ForgottenCursor, Error> {
         let call = Call::new(Method::DELETE, &["topics", topic, "subscribers", subscriber_id], true);
         let reply = self.execute(&call).await?;
-        if reply.status == 404 && reply.maybe_applied && reply.api_error().code == ErrorCode::Other("not_found".into())
-        {
+        if reply.status == 404 && reply.maybe_applied && reply.api_error().code == ErrorCode::NotFound {
             return Ok(ForgottenCursor {
                 topic: topic.to_string(),
                 subscriber_id: subscriber_id.to_string(),

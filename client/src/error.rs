@@ -31,14 +31,27 @@ pub enum ErrorCode {
     InvalidTopicName,
     /// `413`: message payload over 1 MiB.
     PayloadTooLarge,
-    /// `401`: authentication required.
+    /// `408`: the request body did not arrive within the server's body timeout.
+    RequestTimeout,
+    /// `401`: the Raft endpoint without the cluster secret (the client API has none).
     Unauthorized,
-    /// `403`: authenticated but not allowed.
-    Forbidden,
+    /// `403`: the Raft endpoint reached by a node of another cluster.
+    WrongCluster,
     /// `504`: not committed within the server's write timeout; the client retries it.
     RaftTimeout,
     /// `500`: appended but failed to commit; the client retries it with the same id.
     NotCommitted,
+    /// `503`: the node cannot take this now (a budget full, a snapshot being installed, the
+    /// node stopping); another node, or the same one shortly, may.
+    Unavailable,
+    /// `503`: `/ready` of a node not ready to serve.
+    NotReady,
+    /// `404`: no such route, or no cursor recorded for the subscriber.
+    NotFound,
+    /// `405`: a method the route does not take.
+    MethodNotAllowed,
+    /// `500`: a storage or internal failure, logged on the node.
+    Internal,
     /// A code this client does not know, or `http_<status>` when the body had none
     /// (for example a proxy's error page).
     Other(String),
@@ -57,10 +70,16 @@ impl ErrorCode {
             "invalid_request" => ErrorCode::InvalidRequest,
             "invalid_topic_name" => ErrorCode::InvalidTopicName,
             "payload_too_large" => ErrorCode::PayloadTooLarge,
+            "request_timeout" => ErrorCode::RequestTimeout,
             "unauthorized" => ErrorCode::Unauthorized,
-            "forbidden" => ErrorCode::Forbidden,
+            "wrong_cluster" => ErrorCode::WrongCluster,
             "raft_timeout" => ErrorCode::RaftTimeout,
             "not_committed" => ErrorCode::NotCommitted,
+            "unavailable" => ErrorCode::Unavailable,
+            "not_ready" => ErrorCode::NotReady,
+            "not_found" => ErrorCode::NotFound,
+            "method_not_allowed" => ErrorCode::MethodNotAllowed,
+            "internal" => ErrorCode::Internal,
             other => ErrorCode::Other(other.to_string()),
         }
     }
@@ -77,10 +96,16 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::InvalidTopicName => "invalid_topic_name",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::WrongCluster => "wrong_cluster",
             ErrorCode::RaftTimeout => "raft_timeout",
             ErrorCode::NotCommitted => "not_committed",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::NotReady => "not_ready",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Internal => "internal",
             ErrorCode::Other(other) => other,
         }
     }
@@ -96,16 +121,14 @@ impl ErrorCode {
             ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateMessageId => 409,
             ErrorCode::InvalidCursor | ErrorCode::InvalidRequest | ErrorCode::InvalidTopicName => 400,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden => 403,
+            ErrorCode::WrongCluster => 403,
             ErrorCode::RaftTimeout => 504,
-            ErrorCode::NotCommitted => 500,
-            ErrorCode::Other(other) => match other.as_str() {
-                "unavailable" | "not_ready" => 503,
-                "not_found" => 404,
-                "method_not_allowed" => 405,
-                _ => 500,
-            },
+            ErrorCode::NotCommitted | ErrorCode::Internal | ErrorCode::Other(_) => 500,
+            ErrorCode::Unavailable | ErrorCode::NotReady => 503,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
         }
     }
 }
@@ -268,9 +291,10 @@ pub enum Error {
         /// The sequence that arrived instead of `last_delivered + 1`.
         received: u64,
     },
-    /// The retries ran out after an attempt that may have taken effect on the server: its
-    /// answer was lost, or the cluster could not confirm it (`504`, `500 not_committed`) and
-    /// later attempts never got a final answer. A publish may be stored. Publishing again with
+    /// A write ended after an attempt that may have taken effect on the server: its answer was
+    /// lost, or the cluster could not confirm it (`504`, `500 not_committed`), and later
+    /// attempts got no final answer, or a refusal that speaks for them alone (a `500
+    /// internal`, say). A publish may be stored. Publishing again with
     /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
     /// says it was stored). `source` is the last attempt's failure.
     #[error("{}outcome unknown, it may have taken effect: {source}", which_write(id, ids))]
@@ -362,10 +386,16 @@ mod tests {
             "invalid_request",
             "invalid_topic_name",
             "payload_too_large",
+            "request_timeout",
             "unauthorized",
-            "forbidden",
+            "wrong_cluster",
             "raft_timeout",
             "not_committed",
+            "unavailable",
+            "not_ready",
+            "not_found",
+            "method_not_allowed",
+            "internal",
         ] {
             let parsed = ErrorCode::parse(code);
             assert!(!matches!(parsed, ErrorCode::Other(_)), "{code} unknown");
@@ -386,6 +416,12 @@ mod tests {
             ("raft_timeout", 504),
             ("not_committed", 500),
             ("unavailable", 503),
+            ("not_ready", 503),
+            ("not_found", 404),
+            ("method_not_allowed", 405),
+            ("request_timeout", 408),
+            ("wrong_cluster", 403),
+            ("internal", 500),
             ("brand_new", 500),
         ] {
             assert_eq!(ErrorCode::parse(code).http_status(), status, "{code}");

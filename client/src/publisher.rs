@@ -327,13 +327,19 @@ impl Publisher {
 /// topic, a duplicate already stored) leave nothing behind.
 fn may_have_been_stored(error: &ApiError) -> bool {
     match &error.code {
-        ErrorCode::NotLeader | ErrorCode::NoLeader | ErrorCode::NotCommitted | ErrorCode::RaftTimeout => true,
+        ErrorCode::TopicNotFound
+        | ErrorCode::TopicAlreadyExists
+        | ErrorCode::InvalidCursor
+        | ErrorCode::InvalidRequest
+        | ErrorCode::InvalidTopicName
+        | ErrorCode::PayloadTooLarge
+        | ErrorCode::Unauthorized => false,
         // A null `existing_sequence`: the first publish of this id is still in flight on the
         // leader and may yet fail (API.md §7), so the message may or may not end up stored.
         ErrorCode::DuplicateMessageId => error.existing_sequence().is_none(),
-        // `unavailable` when Raft stopped under it; codes this client does not know yet.
-        ErrorCode::Other(_) => true,
-        _ => false,
+        // `not_leader`, `no_leader`, `not_committed`, `raft_timeout`; `unavailable` (nothing
+        // queued, but kept on the safe side); codes this client does not know yet.
+        _ => true,
     }
 }
 

@@ -444,7 +444,7 @@ async fn connect(
             // tungstenite keeps only the body bytes that arrived with the headers: a body sent
             // in a later TCP segment (behind a proxy, say) is lost, and with it the code. A
             // bare 404 here is the topic's (the route exists), which a lagging node gives too.
-            if status == 404 && matches!(api.code, ErrorCode::Other(_)) {
+            if status == 404 && matches!(api.code, ErrorCode::NotFound | ErrorCode::Other(_)) {
                 api.code = ErrorCode::TopicNotFound;
             }
             Err(Refusal::Api(api))

@@ -142,61 +142,71 @@ impl App {
     }
 
     /// Proposes `request` and waits until it is committed on a majority and applied here.
-    pub async fn write(&self, request: Request, path_and_query: &str) -> Result<Committed, ApiError> {
-        let queued = self.queue_write(request, path_and_query).await?;
-        self.committed(queued, path_and_query).await
+    pub async fn write(&self, request: Request) -> Result<Committed, ApiError> {
+        let queued = self.queue_write(request).await?;
+        self.committed(queued).await
     }
 
     /// The first half of [`App::write`]: puts `request` in the proposer's queue. Writes queued
     /// one after another are applied in that order; [`App::committed`] waits for each.
-    pub async fn queue_write(&self, request: Request, path_and_query: &str) -> Result<QueuedWrite, ApiError> {
+    pub async fn queue_write(&self, request: Request) -> Result<QueuedWrite, ApiError> {
         let started = tokio::time::Instant::now();
         match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.submit(request)).await {
             Ok(Ok(answer)) => Ok(QueuedWrite { answer, started }),
-            Ok(Err(failure)) => Err(self.write_error(failure, path_and_query)),
+            // Only a stopped proposer refuses a write: nothing was queued.
+            Ok(Err(ProposeFailure::Fatal(e) | ProposeFailure::Other(e))) => Err(ApiError::Unavailable(e)),
+            Ok(Err(ProposeFailure::ForwardToLeader { .. })) => Err(ApiError::NoLeader),
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
         }
     }
 
     /// Waits until a queued write is committed on a majority and applied here, within
     /// [`WRITE_TIMEOUT`] of its queueing.
-    pub async fn committed(&self, queued: QueuedWrite, path_and_query: &str) -> Result<Committed, ApiError> {
+    pub async fn committed(&self, queued: QueuedWrite) -> Result<Committed, ApiError> {
         let result = tokio::time::timeout_at(queued.started + WRITE_TIMEOUT, queued.answer).await;
         self.metrics.observe_commit(queued.started.elapsed());
         match result {
             Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
             Ok(Ok(Ok(committed))) => Ok(committed),
-            // Raft stopped with the entry queued: it may have been appended and sent to the
-            // followers, and a new leader may commit it (a retry must count it as possibly
-            // stored), so it is `not_committed`, not `unavailable`.
-            Ok(Ok(Err(ProposeFailure::Fatal(e)))) => {
-                Err(ApiError::NotCommitted(format!("raft stopped before the entry committed: {e}")))
-            }
-            Ok(Ok(Err(failure))) => Err(self.write_error(failure, path_and_query)),
+            Ok(Ok(Err(failure))) => Err(not_committed(failure)),
             Ok(Err(_)) => Err(ApiError::NotCommitted("the proposer stopped before the entry committed".into())),
-        }
-    }
-
-    fn write_error(&self, failure: ProposeFailure, path_and_query: &str) -> ApiError {
-        match failure {
-            ProposeFailure::ForwardToLeader { leader_id, leader_node } => match (leader_id, leader_node) {
-                (Some(id), Some(node)) if id != self.id() => ApiError::NotLeader {
-                    leader_id: id,
-                    leader_address: self.client_address(id, &node.addr),
-                    path_and_query: path_and_query.into(),
-                },
-                // Leadership was lost while the entry was in flight: it may or may not
-                // commit under the next leader. The client retries with the same id.
-                (None, _) => ApiError::NoLeader,
-                _ => ApiError::NotCommitted("leadership changed before the entry committed".into()),
-            },
-            ProposeFailure::Other(e) => ApiError::NotCommitted(e),
-            ProposeFailure::Fatal(e) => ApiError::Unavailable(format!("raft stopped: {e}")),
         }
     }
 
     pub fn subscription_count(&self) -> usize {
         self.subscriptions.load(Ordering::Relaxed)
+    }
+}
+
+/// The answer to a write that was queued and then failed. Once queued, an entry may have been
+/// appended and sent to the followers, and a next leader may commit it, whatever the failure:
+/// leadership moving (a redirect would read as "not stored", and a caller might publish again
+/// under a new id), Raft stopping. So each is `not_committed`, which a client retries under the
+/// same id (API.md §4).
+fn not_committed(failure: ProposeFailure) -> ApiError {
+    ApiError::NotCommitted(match failure {
+        ProposeFailure::ForwardToLeader { .. } => "leadership changed before the entry committed".into(),
+        ProposeFailure::Fatal(e) => format!("raft stopped before the entry committed: {e}"),
+        ProposeFailure::Other(e) => e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_failure_after_queueing_is_not_committed() {
+        for failure in [
+            ProposeFailure::ForwardToLeader { leader_id: Some(2), leader_node: None },
+            ProposeFailure::ForwardToLeader { leader_id: None, leader_node: None },
+            ProposeFailure::Fatal("storage".into()),
+            ProposeFailure::Other("applied as something else".into()),
+        ] {
+            let e = not_committed(failure.clone());
+            assert!(matches!(e, ApiError::NotCommitted(_)), "{failure:?} gave {e:?}");
+            assert!(e.may_still_commit());
+        }
     }
 }
 

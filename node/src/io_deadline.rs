@@ -1,11 +1,11 @@
 //! Deadlines on an accepted connection: on its first byte, and on writes that stop making
 //! progress.
 //!
-//! hyper's header read timeout starts once it reads a request; the auto (HTTP/1 or HTTP/2)
-//! server first reads the bytes that tell the version, with no timer, so a client that
-//! connects and sends nothing held its connection forever. Here the connection's first byte
-//! must arrive within [`HEADER_READ_TIMEOUT`] of the accept; after it, hyper's timers (and an
-//! upgraded WebSocket's pings) take over.
+//! A client that connects and sends nothing must not hold its connection forever. hyper's
+//! header read timeout covers that today, but it lives in hyper's internals (its auto HTTP/1
+//! or HTTP/2 server, used here before, read the version bytes with no timer at all): here the
+//! connection's first byte must arrive within [`HEADER_READ_TIMEOUT`] of the accept whatever
+//! hyper does; after it, hyper's timers (and an upgraded WebSocket's pings) take over.
 //!
 //! hyper has no write timeout either: a client that asks for a page of messages and never reads it
 //! holds the response, and the share of the read budget it counts against, for as long as it

@@ -48,7 +48,7 @@ pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// Request bodies a node reads and holds at once, in bytes (taken as the bytes arrive, held
 /// until the request is answered): sixteen 16 MiB batches, not one per connection the clients
-/// can open.
+/// can open. Publishing WebSockets' frames in flight count against it too.
 pub const REQUEST_BODIES_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// How long a chunk of a request body waits for room in [`REQUEST_BODIES_BYTES_MAX`] before
 /// the request is answered `503 unavailable`: well within a client's request timeout (the
@@ -146,8 +146,9 @@ pub const SUBSCRIBE_PAGE_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// has taken it (a slow one may take minutes), so without a bound a thousand of them replaying
 /// large messages would hold gigabytes; past it, the next read waits for room.
 pub const READ_PAGES_BYTES_MAX: usize = 256 * 1024 * 1024;
-/// What the `GET /messages` bodies of one client address may hold of [`READ_PAGES_BYTES_MAX`]:
-/// a client that asks for pages and does not read them makes only its own reads wait.
+/// What the `GET /messages` bodies and subscription pages read from storage of one client
+/// address may hold of [`READ_PAGES_BYTES_MAX`]: a client that asks for pages and does not
+/// read them makes only its own reads wait.
 pub const READ_PAGES_BYTES_PER_CLIENT_MAX: usize = READ_PAGES_BYTES_MAX / 4;
 
 /// How long `GET /messages` waits for room among the pages read before it answers

@@ -11,6 +11,11 @@
 //! [`WRITE_STALL_TIMEOUT`] (`io_deadline.rs`). Each request carries the address of the
 //! client it came from ([`ClientAddr`]), so that per-client limits can find it.
 //!
+//! HTTP/1.1 only: hyper's HTTP/2 has no idle or header deadline (a client that sent its
+//! preface and then nothing held the connection for good), and HTTP/2 measured no faster
+//! here (docs/BENCHMARKS.md). A connection that opens with an HTTP/2 preface is closed without
+//! an answer.
+//!
 //! [`BODY_READ_TIMEOUT`]: crate::limits::BODY_READ_TIMEOUT
 //! [`WRITE_STALL_TIMEOUT`]: crate::limits::WRITE_STALL_TIMEOUT
 
@@ -21,12 +26,12 @@ use std::pin::pin;
 use axum::serve::Listener;
 use axum::Router;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::io_deadline::IoDeadline;
@@ -44,9 +49,11 @@ pub async fn serve<L>(mut listener: L, router: Router, shutdown: impl Future<Out
 where
     L: Listener<Addr = SocketAddr>,
 {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-    let connections = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // Cancelled when the node stops: each connection finishes the request in progress and
+    // takes no other.
+    let stopping = CancellationToken::new();
     // Every connection's task, to end those still running when the drain times out.
     let mut tasks = JoinSet::new();
     let mut shutdown = pin!(shutdown);
@@ -60,21 +67,31 @@ where
             request
         });
         let service = TowerToHyperService::new(service);
-        let connection =
-            builder.serve_connection_with_upgrades(TokioIo::new(IoDeadline::new(io)), service).into_owned();
-        let connection = connections.watch(connection);
+        let connection = http.serve_connection(TokioIo::new(IoDeadline::new(io)), service).with_upgrades();
+        let stopping = stopping.clone();
         tasks.spawn(async move {
+            let mut connection = pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = stopping.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
             // A client that went away or sent garbage; hyper has answered what it could.
-            if let Err(error) = connection.await {
+            if let Err(error) = ended {
                 tracing::debug!(?remote, %error, "connection ended with an error");
             }
         });
         while tasks.try_join_next().is_some() {}
     }
     drop(listener);
+    stopping.cancel();
     // A request may take long to end (a body trickling in has 30 s): the node's stop must fit
     // a supervisor's grace period, so what has not ended in time is dropped.
-    if tokio::time::timeout(SHUTDOWN_REQUESTS_TIMEOUT, connections.shutdown()).await.is_err() {
+    let drained =
+        tokio::time::timeout(SHUTDOWN_REQUESTS_TIMEOUT, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
         tracing::warn!(
             connections = tasks.len(),
             "requests still in progress after {SHUTDOWN_REQUESTS_TIMEOUT:?}; closing their connections"

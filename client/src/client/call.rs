@@ -79,7 +79,7 @@ pub(super) struct Reply {
     pub(super) body: Bytes,
     /// Where it came from, for error reports.
     pub(super) url: Url,
-    /// An earlier attempt may have taken effect on the server.
+    /// An earlier attempt of a write (not a GET) may have taken effect on the server.
     pub(super) maybe_applied: bool,
 }
 
@@ -94,7 +94,10 @@ impl Reply {
 
     pub(super) fn parse<T: DeserializeOwned>(&self) -> Result<T, Error> {
         if !self.is_success() {
-            return Err(Error::Api(self.api_error()));
+            let error = Error::Api(self.api_error());
+            // The last answer speaks for the last attempt only: an earlier one of this write
+            // may have been stored all the same (its answer lost, say, then `500 internal`).
+            return Err(if self.maybe_applied { Error::indeterminate(None, error) } else { error });
         }
         serde_json::from_slice(&self.body)
             .map_err(|e| Error::Protocol { url: self.url.to_string(), reason: format!("status {}: {e}", self.status) })
@@ -191,7 +194,10 @@ impl Client {
                 let (status, location, body) = (answer.status, answer.location, answer.body);
                 let error = (status >= 300).then(|| ApiError::from_body(status, &body));
                 match classify(status, error.as_ref(), location.as_deref()) {
-                    Verdict::Done => return Ok(Reply { status, body, url, maybe_applied }),
+                    Verdict::Done => {
+                        let maybe_applied = maybe_applied && call.method != Method::GET;
+                        return Ok(Reply { status, body, url, maybe_applied });
+                    }
                     Verdict::Redirect(Some(leader)) => {
                         redirect_hops += 1;
                         // Follow at once unless the cluster bounces us around or points back at

@@ -177,6 +177,27 @@ async fn duplicate_on_a_retry_is_success_with_the_existing_sequence() {
     assert_eq!(bodies(&hits).len(), 2);
 }
 
+/// An attempt that may have been stored, then a refusal that ends the retries: the outcome is
+/// unknown (the first attempt may commit), not the refusal's.
+#[tokio::test]
+async fn a_refusal_after_an_attempt_that_may_have_been_stored_is_indeterminate() {
+    let node = leader_node(seen(), |n, _| match n {
+        1 => error_response(504, "raft_timeout", json!({})),
+        _ => error_response(500, "internal", json!({})),
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let msg = NewMessage::new(json!(1)).with_id("order-2");
+    let publish = client.publish_message("t", msg, AckMode::Committed).await;
+    match &publish {
+        Err(e @ Error::Indeterminate { id: Some(id), .. }) => {
+            assert_eq!(id, "order-2");
+            assert_eq!(e.api().map(|api| api.code.clone()), Some(ErrorCode::Internal), "{publish:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn duplicate_still_in_flight_is_retried_until_it_has_a_sequence() {
     let hits = seen();

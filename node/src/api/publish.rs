@@ -18,8 +18,8 @@ use super::topics::active;
 use crate::app::{InflightGuard, QueuedWrite, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{
-    APPENDED_ENTRY_OVERHEAD_BYTES, BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX, PAYLOAD_DEPTH_MAX,
-    PUBLISH_BODY_BYTES_MAX, WRITE_TIMEOUT,
+    APPENDED_BYTES_MAX, APPENDED_ENTRY_OVERHEAD_BYTES, BATCH_BODY_BYTES_MAX, BATCH_MESSAGES_MAX, PAYLOAD_BYTES_MAX,
+    PAYLOAD_DEPTH_MAX, PUBLISH_BODY_BYTES_MAX, WRITE_TIMEOUT,
 };
 use crate::metrics::Outcome;
 use crate::propose::Committed;
@@ -270,7 +270,11 @@ pub async fn publish(
 
     if mode == AckMode::Appended {
         let Ok(room) = tokio::time::timeout(WRITE_TIMEOUT, app.appended_bytes.take(appended_bytes)).await else {
-            return Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis()).naming_id(&id));
+            // Nothing was proposed: a definite refusal, not an outcome unknown.
+            return Err(ApiError::Unavailable(format!(
+                "appended writes not yet resolved hold this node's {APPENDED_BYTES_MAX} bytes for them; \
+                 nothing was stored: retry, or publish with ack=committed"
+            )));
         };
         let mut receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
         // Keep the id in flight for a while, so a quick retry is a duplicate, and the bytes
@@ -290,7 +294,7 @@ pub async fn publish(
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
 
-    let written = app.write(request, &where_).await;
+    let written = app.write(request).await;
     drop(guard);
     let written =
         written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1)).map_err(|e| e.naming_id(&id))?;
@@ -411,7 +415,7 @@ pub(super) async fn publish_messages(
 ) -> Result<(Vec<PublishResult>, u64), ApiError> {
     let count = messages.len();
     let queued = queue_publish(app, topic, messages, ids_generated, where_).await?;
-    publish_outcome(app, topic, count, app.committed(queued, where_).await)
+    publish_outcome(app, topic, count, app.committed(queued).await)
 }
 
 /// The first half of [`publish_messages`]: checks that this node leads and the topic is
@@ -428,7 +432,7 @@ pub(super) async fn queue_publish(
     active(app, topic)?;
     let count = messages.len() as u64;
     let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
-    app.queue_write(request, where_).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count))
+    app.queue_write(request).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count))
 }
 
 /// The second half of [`publish_messages`]: one result per message of a publish of `count`,

@@ -71,6 +71,9 @@ pub async fn upgrade(
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
     Ok(upgrade
         .max_message_size(PUBLISH_BODY_BYTES_MAX)
+        // tungstenite reads a whole frame before it checks the message's size: without this a
+        // frame could buffer its default 16 MiB first.
+        .max_frame_size(PUBLISH_BODY_BYTES_MAX)
         .read_buffer_size(PUBLISHER_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| serve(app, socket, topic))
         .into_response())
@@ -118,10 +121,13 @@ fn echoable(reference: Option<&RawValue>) -> Option<&RawValue> {
     reference.filter(|r| r.get().len() <= PUBLISH_WS_REF_BYTES_MAX)
 }
 
-/// Frames read together, with their share of the connection's room in flight.
+/// Frames read together, with their share of the connection's room in flight (count, bytes),
+/// held until they are answered, and of the node's room for request bodies, held until they
+/// are in the proposer's queue (which counts them from there).
 struct Group {
     frames: Vec<Utf8Bytes>,
     room: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    node_room: OwnedSemaphorePermit,
 }
 
 /// How a publishing connection ends: the close frame the server sends.
@@ -254,14 +260,22 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             }
         }
         // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
+        let (frames, bytes_read) = (group.len() as u32, bytes);
+        // The node's budget for request bodies too: without it, many connections could each
+        // hold their own budget's worth while the proposer's queue is full.
         let room = async {
-            let count = permits.clone().acquire_many_owned(group.len() as u32).await;
-            let bytes = inflight_bytes.take(bytes).await;
-            (count, bytes)
+            let count = permits.clone().acquire_many_owned(frames).await;
+            let bytes = inflight_bytes.take(bytes_read).await;
+            let node_bytes = app.request_bodies.take(bytes_read).await;
+            (count, bytes, node_bytes)
         };
-        let (Ok(count), bytes) = (tokio::select! {
+        let (Ok(count), bytes, node_bytes) = (tokio::select! {
             room = room => room,
             _ = app.shutdown.cancelled() => {
+                // Read but never proposed: the client learns these are not stored (and may
+                // publish them elsewhere) instead of seeing the close with no answer.
+                let e = ApiError::Unavailable("the server is shutting down; this message was not published".into());
+                send_all(&tx, refused(&group, &e)).await;
                 close_with = (1001, "server shutting down");
                 break;
             }
@@ -276,7 +290,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             close_with = (1009, "publish frame too large");
         }
         // Never waits: groups in flight are bounded by the permits above.
-        if groups.send(Group { frames: group, room: (count, bytes) }).await.is_err() {
+        if groups.send(Group { frames: group, room: (count, bytes), node_room: node_bytes }).await.is_err() {
             break;
         }
     }
@@ -345,6 +359,17 @@ fn too_large_frame() -> String {
 /// The answer to a binary frame, whose `ref` is not read: publishes are text frames.
 fn binary_frame() -> String {
     error_frame(None, &ApiError::InvalidRequest("publish frames are JSON text; a binary frame is not read".into()))
+}
+
+/// The answers to a group's frames, read but not proposed: `e` for each, under its `ref`.
+fn refused(frames: &[Utf8Bytes], e: &ApiError) -> Vec<String> {
+    frames
+        .iter()
+        .map(|text| {
+            let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
+            error_frame(echoable(reference.as_deref()), e)
+        })
+        .collect()
 }
 
 /// A frame that passed the checks at the edge, waiting for its group's commit.
@@ -418,7 +443,7 @@ async fn propose_in_order(
     // Shared by every group's task of the connection.
     let where_: Arc<str> = Arc::from(format!("/topics/{topic}/publish"));
     let topic: Arc<str> = Arc::from(topic);
-    while let Some(Group { frames, room }) = groups.recv().await {
+    while let Some(Group { frames, room, node_room }) = groups.recv().await {
         let Checked { answers: mut out, accepted, messages, ids_generated } = check_group(&app, &frames);
         drop(frames);
         if messages.is_empty() {
@@ -429,7 +454,9 @@ async fn propose_in_order(
         // Leadership is checked per group (`queue_publish`), as every HTTP write is: a leader
         // cut off from its quorum stays in office until it hears of a newer term, and its
         // publishes would only time out, while `no_leader` sends the client on at once.
-        let queued = match queue_publish(&app, &topic, messages, ids_generated, &where_).await {
+        let queued = queue_publish(&app, &topic, messages, ids_generated, &where_).await;
+        drop(node_room);
+        let queued = match queued {
             Ok(queued) => queued,
             Err(e) => {
                 answer_group(&mut out, &accepted, Err(e));
@@ -437,10 +464,10 @@ async fn propose_in_order(
                 continue;
             }
         };
-        let (app, topic, where_, answers) = (app.clone(), topic.clone(), where_.clone(), answers.clone());
+        let (app, topic, answers) = (app.clone(), topic.clone(), answers.clone());
         tokio::spawn(async move {
             let _room = room;
-            let outcome = publish_outcome(&app, &topic, count, app.committed(queued, &where_).await);
+            let outcome = publish_outcome(&app, &topic, count, app.committed(queued).await);
             answer_group(&mut out, &accepted, outcome);
             send_all(&answers, out).await;
         });
@@ -487,5 +514,31 @@ fn answer_group(out: &mut [String], accepted: &[Accepted], outcome: Result<(Vec<
                 out[a.at] = error_frame(a.reference.as_deref(), &e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_group_answers_each_frame_under_its_ref() {
+        let frames: Vec<Utf8Bytes> = [
+            r#"{"type":"publish","ref":"r-1","payload":1}"#,
+            r#"{"type":"publish","ref":12345678901234567890123,"payload":2}"#,
+            "not json",
+        ]
+        .into_iter()
+        .map(Utf8Bytes::from_static)
+        .collect();
+        let answers = refused(&frames, &ApiError::Unavailable("stopping".into()));
+        let refs: Vec<String> = answers
+            .iter()
+            .map(|a| {
+                assert!(a.contains(r#""type":"error""#) && a.contains(r#""error":"unavailable""#), "{a}");
+                a.split(r#""ref":"#).nth(1).unwrap().split(',').next().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(refs, [r#""r-1""#, "12345678901234567890123", "null"]);
     }
 }

@@ -6,6 +6,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use raft_store::limits::CURSORS_PER_TOPIC_MAX;
 
 use super::input;
@@ -15,12 +16,14 @@ use crate::error::ApiError;
 use crate::limits::{
     SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIBER_READ_BUFFER_BYTES, SUBSCRIBER_WRITE_BUFFER_BYTES, SUBSCRIPTIONS_MAX,
 };
+use crate::serve::ClientAddr;
 use crate::subscribe::session::{self, Registration, Session};
 
 pub async fn subscribe(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
     query: RawQuery,
+    client: Option<Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
@@ -58,7 +61,9 @@ pub async fn subscribe(
     // it may, none of them its own). A read failing during a snapshot install tells nothing.
     let acks_refused = app.reader.cursor_count(record.id) >= CURSORS_PER_TOPIC_MAX
         && matches!(app.reader.cursor(record.id, &subscriber_id), Ok(None));
-    let session = Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused };
+    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    let session =
+        Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused, client };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
         return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     };

@@ -92,7 +92,7 @@ pub async fn create(
         return Err(limit_reached());
     }
     let request = Request::CreateTopic { topic: name.clone(), metadata, retention, now_ms: app.now_ms() };
-    let written = app.write(request, &input::path_and_query(&uri)).await?;
+    let written = app.write(request).await?;
     // Other creations can fill the last places between the check above and this apply.
     if written.response == SmResponse::TopicLimitReached {
         return Err(limit_reached());
@@ -159,7 +159,7 @@ pub async fn delete(
     let name = input::topic_name(path)?;
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &name)?;
-    let written = app.write(Request::DeleteTopic { topic: name.clone() }, &input::path_and_query(&uri)).await?;
+    let written = app.write(Request::DeleteTopic { topic: name.clone() }).await?;
     match written.response {
         SmResponse::TopicDeleted => Ok(Json(json!({"topic": name, "deleted": true, "raft_index": written.log_index}))),
         _ => Err(ApiError::TopicNotFound(name)),
@@ -185,7 +185,7 @@ pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result
         return Err(ApiError::CursorNotFound { topic: name, subscriber_id });
     };
     let request = Request::ForgetCursor { topic: name.clone(), subscriber_id: subscriber_id.clone() };
-    let written = app.write(request, &input::path_and_query(&uri)).await?;
+    let written = app.write(request).await?;
     match written.response {
         SmResponse::CursorForgotten => Ok(Json(json!({
             "topic": name,

@@ -7,6 +7,7 @@
 //! `messages_expired` before the subscription continues: loss is never silent.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -41,6 +42,9 @@ pub struct Session {
     pub deletions_at_start: u64,
     /// Its topic had no room to record this subscriber's cursor when it subscribed.
     pub acks_refused: bool,
+    /// The client's address: its pages read from storage count against its share of the
+    /// node's budget too, so that one client's slow subscriptions make only its own reads wait.
+    pub client: Option<IpAddr>,
 }
 
 /// Frames a subscriber may send.
@@ -284,9 +288,16 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // One from storage reserves its worst case before the read. Others' pages may
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
-                let take = app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED);
+                let own = s.client.map(|ip| app.client_read_pages.of(ip));
+                let take = async {
+                    let own = match &own {
+                        Some(own) => Some(own.take(SUBSCRIBE_PAGE_BYTES_RESERVED).await),
+                        None => None,
+                    };
+                    (own, app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED).await)
+                };
                 tokio::pin!(take);
-                let mut reserved = loop {
+                let (mut own, mut reserved) = loop {
                     tokio::select! {
                         biased;
                         reserved = &mut take => break reserved,
@@ -297,14 +308,17 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 };
                 page = read_page(app, s, cursor)?;
                 ByteBudget::shrink(&mut reserved, frame_bytes(&page));
-                Some(reserved)
+                if let Some(own) = own.as_mut() {
+                    ByteBudget::shrink(own, frame_bytes(&page));
+                }
+                Some((own, Some(reserved)))
             } else {
                 // One from the cache counts when there is room, and never waits for it: its
                 // frames are shared with the cache, which has a bound of its own, and a live
                 // subscriber must not wait behind others' slow readers. What it holds beyond
                 // the cache (frames dropped while it sends them) is one page, at most 1 MiB and
                 // a message.
-                app.read_pages.try_take(frame_bytes(&page))
+                Some((None, app.read_pages.try_take(frame_bytes(&page))))
             };
             if deliver_page(app, out, s, &mut cursor, last, deleted_since_start, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging

@@ -1302,7 +1302,11 @@ where
                         } else {
                             tracing::info!(%vote, elect, "the leader stepped down and hands over");
                             self.engine.lease_released = Some(vote);
-                            if elect && self.engine.state.membership_state.effective().is_voter(&self.id) {
+                            // Elections disabled at runtime (`Raft::runtime_config`) hold here too.
+                            if elect
+                                && self.engine.state.membership_state.effective().is_voter(&self.id)
+                                && self.runtime_config.enable_elect.load(Ordering::Relaxed)
+                            {
                                 self.elect_now();
                             }
                         }
