@@ -290,14 +290,12 @@ impl Client {
         }
         let mut pending = Vec::new();
         let mut subscribed_cursor = None;
-        if let Some(frame) = first {
-            if let ServerFrame::Control(ControlFrame::Subscribed { cursor }) = &frame {
-                subscribed_cursor = Some(*cursor);
-            }
-            // The tracker learns the effective cursor now, so a reconnect before the
-            // application polls still resumes from the right place.
-            pending.push(tracker.on_frame(frame));
+        if let ServerFrame::Control(ControlFrame::Subscribed { cursor }) = &first {
+            subscribed_cursor = Some(*cursor);
         }
+        // The tracker learns the effective cursor now, so a reconnect before the application
+        // polls still resumes from the right place.
+        pending.push(tracker.on_frame(first));
         let (events_tx, events_rx) = mpsc::channel(limits::SUBSCRIPTION_EVENTS_BUFFERED);
         let (ack_tx, ack_rx) = watch::channel(0u64);
         let task = Worker {
@@ -334,7 +332,7 @@ impl Client {
         topic: &str,
         subscriber_id: &str,
         cursor: Cursor,
-    ) -> Result<(Socket, Option<ServerFrame>), Error> {
+    ) -> Result<(Socket, ServerFrame), Error> {
         let policy = self.config().retry.clone();
         let started = Instant::now();
         let mut attempts = 0;
@@ -453,13 +451,20 @@ async fn connect(
     }
 }
 
-/// Reads the first text frame (the contract's `subscribed`); `None` if the node sent
-/// something that does not parse.
-async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<Option<ServerFrame>, Refusal> {
+/// Reads the first text frame (the contract's `subscribed`). One that does not parse fails the
+/// connection like a transport error: going on without the start cursor it confirms, a
+/// reconnect before the first message would resume from the latest sequence and skip what
+/// was published meanwhile.
+async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<ServerFrame, Refusal> {
     let read = async {
         loop {
             match socket.next().await {
-                Some(Ok(WsMessage::Text(text))) => return Ok(serde_json::from_str::<ServerFrame>(&text).ok()),
+                Some(Ok(WsMessage::Text(text))) => {
+                    return serde_json::from_str::<ServerFrame>(&text).map_err(|e| Refusal::Transport {
+                        error: format!("the first frame does not parse: {e}").into(),
+                        timeout: false,
+                    })
+                }
                 Some(Ok(WsMessage::Close(_))) | None => {
                     return Err(Refusal::Transport {
                         error: "connection closed before the first frame".into(),

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-pub use raft_store::limits::{BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX, TOPICS_MAX, TOPIC_NAME_CHARS_MAX};
+pub use raft_store::limits::{
+    BATCH_MESSAGES_MAX, ID_CHARS_MAX, PAYLOAD_BYTES_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_NAME_CHARS_MAX,
+};
 
 /// Body of a single publish: the 1 MiB payload plus room for `id`, `timestamp` and JSON
 /// whitespace. A larger body cannot hold a payload we would accept.
@@ -41,6 +43,12 @@ pub const PUBLISH_WS_SEND_TIMEOUT: Duration = Duration::from_secs(45);
 /// many frames and this many bytes of frames. A burst of frames then costs one proposal, one
 /// batched dedup read and one task instead of one each.
 pub const PUBLISH_WS_GROUP_FRAMES_MAX: usize = 256;
+/// The largest single WebSocket frame a publishing connection reads whole. tungstenite reads
+/// a frame before it checks the message's size, so a frame over [`PUBLISH_BODY_BYTES_MAX`] is
+/// still read (and answered `payload_too_large`: a client cut off mid-write would lose the
+/// answer to a reset) up to this size; past it the connection closes at its header, instead
+/// of buffering tungstenite's default 16 MiB.
+pub const PUBLISH_WS_FRAME_READ_BYTES_MAX: usize = 4 * PUBLISH_BODY_BYTES_MAX;
 pub const PUBLISH_WS_GROUP_BYTES_MAX: usize = 1024 * 1024;
 
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).

@@ -188,6 +188,9 @@ pub enum Response {
     AcksRefused {
         refused: Vec<AckRecord>,
     },
+    /// A topic was not created: its metadata would take the cluster's topics past
+    /// [`crate::limits::TOPICS_METADATA_BYTES_MAX`]. Added last, as above.
+    TopicMetadataLimitReached,
 }
 
 /// What happened to one published message.

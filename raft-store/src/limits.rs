@@ -18,8 +18,13 @@ pub const ID_CHARS_MAX: usize = 256;
 pub const TOPIC_NAME_CHARS_MAX: usize = 255;
 
 /// Topics that may exist at once (active or deleted): every topic record is kept in
-/// memory, so this bounds that memory (about 200 bytes each).
+/// memory, so this bounds that memory (about 200 bytes each, and their metadata).
 pub const TOPICS_MAX: usize = 100_000;
+
+/// The `metadata` of all topics together (active or deleted), in bytes of compact JSON: each
+/// record keeps its metadata in memory on every node, and [`TOPICS_MAX`] topics of 64 KiB each
+/// would hold 6.4 GiB. Deterministic on all replicas (checked at apply).
+pub const TOPICS_METADATA_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Messages one command may trim for retention. Trimming happens inside `apply`, which
 /// blocks the apply loop, so a topic that has to drop millions of messages drops them over

@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::command::{AckRecord, NewMessage, PublishResult, Request, Response, Retention, TopicRecord};
-use crate::limits::{CURSORS_PER_TOPIC_MAX, TICK_ROTATION_MS, TOPICS_MAX, TRIM_PER_COMMAND_MAX};
+use crate::limits::{
+    CURSORS_PER_TOPIC_MAX, TICK_ROTATION_MS, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TRIM_PER_COMMAND_MAX,
+};
 use crate::reader::StoredMessage;
 use crate::StoreError;
 
@@ -54,6 +56,14 @@ pub struct Topics {
     pub cursor_counts: HashMap<u64, u64>,
     /// The cluster's id, once a `SetClusterId` was applied (persisted in `sm_meta`).
     pub cluster_id: Option<String>,
+    /// The bytes of every record's metadata (in memory only: summed when the state is loaded,
+    /// then kept by the rules), for [`TOPICS_METADATA_BYTES_MAX`].
+    pub metadata_bytes: usize,
+}
+
+/// The bytes `metadata` counts against [`TOPICS_METADATA_BYTES_MAX`].
+pub fn metadata_len(metadata: Option<&str>) -> usize {
+    metadata.map_or(0, str::len)
 }
 
 /// Applies one command. Returns the response and the names of the topics it changed (their
@@ -139,10 +149,16 @@ fn create_topic(
     retention: Retention,
     now_ms: u64,
 ) -> (Response, Vec<String>) {
+    let new_len = metadata_len(metadata.as_deref());
     if let Some(record) = topics.by_name.get_mut(name) {
         if !record.deleted {
             return (Response::TopicCreated { created: false }, vec![]);
         }
+        let metadata_bytes = topics.metadata_bytes - metadata_len(record.metadata.as_deref()) + new_len;
+        if metadata_bytes > TOPICS_METADATA_BYTES_MAX {
+            return (Response::TopicMetadataLimitReached, vec![]);
+        }
+        topics.metadata_bytes = metadata_bytes;
         // Revive: same id and sequence, so old cursors stay valid.
         record.deleted = false;
         record.created_at = now_ms;
@@ -154,6 +170,10 @@ fn create_topic(
         // The edge refuses this before proposing; a replica that still sees it must agree.
         return (Response::TopicLimitReached, vec![]);
     }
+    if topics.metadata_bytes + new_len > TOPICS_METADATA_BYTES_MAX {
+        return (Response::TopicMetadataLimitReached, vec![]);
+    }
+    topics.metadata_bytes += new_len;
     topics.next_topic_id += 1;
     let record = TopicRecord {
         id: topics.next_topic_id,
@@ -528,6 +548,32 @@ pub(crate) mod tests {
         assert!(!t.by_name.contains_key("one-more"));
         // A deleted name keeps its place, so it can still be created again.
         assert_eq!(run(&mut t, &mut s, create("t0", Retention::default())), Response::TopicCreated { created: true });
+    }
+
+    #[test]
+    fn metadata_past_the_clusters_bound_is_refused_and_a_revival_counts_its_new_metadata() {
+        let with = |topic: &str, metadata: &str| Request::CreateTopic {
+            topic: topic.into(),
+            metadata: Some(metadata.into()),
+            retention: Retention::default(),
+            now_ms: 1,
+        };
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        assert_eq!(run(&mut t, &mut s, with("a", "{\"k\":1}")), Response::TopicCreated { created: true });
+        assert_eq!(t.metadata_bytes, 7);
+        // As if other topics held the rest: 3 bytes of room left.
+        t.metadata_bytes = TOPICS_METADATA_BYTES_MAX - 3;
+        assert_eq!(run(&mut t, &mut s, with("b", "{\"k\":1}")), Response::TopicMetadataLimitReached);
+        assert!(!t.by_name.contains_key("b"));
+        assert_eq!(run(&mut t, &mut s, with("b", "{}")), Response::TopicCreated { created: true });
+        assert_eq!(t.metadata_bytes, TOPICS_METADATA_BYTES_MAX - 1);
+        // A deleted topic keeps its metadata's place; revived, it counts the new metadata
+        // instead: 7 bytes freed, 9 taken, one byte short.
+        run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() });
+        assert_eq!(run(&mut t, &mut s, with("a", "{\"kk\":12}")), Response::TopicMetadataLimitReached);
+        assert!(t.by_name["a"].deleted);
+        assert_eq!(run(&mut t, &mut s, with("a", "{\"k\":12}")), Response::TopicCreated { created: true });
+        assert_eq!(t.metadata_bytes, TOPICS_METADATA_BYTES_MAX);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::keys::{
 };
 use crate::log_store::IoMode;
 use crate::reader::{StoreReader, StoredMessage};
-use crate::rules::{self, MessageMeta, SmStore, Topics};
+use crate::rules::{self, metadata_len, MessageMeta, SmStore, Topics};
 use crate::segments::{create_dir_durably, sync_dir};
 use crate::snapshot::{self, encode, PendingInstall, SnapshotFile};
 use crate::typ::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
@@ -128,10 +128,12 @@ impl StateMachine {
                 }
                 None => None,
             },
+            metadata_bytes: 0,
         };
         for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
             let (_, value) = item?;
             let record: TopicRecord = bincode::deserialize(&value).map_err(StoreError::decode("topic"))?;
+            topics.metadata_bytes += metadata_len(record.metadata.as_deref());
             topics.by_name.insert(record.name.clone(), record);
         }
         self.publish_cluster_id(&topics);

@@ -273,6 +273,35 @@ async fn reconnect_resumes_after_the_last_delivered_sequence_without_duplicates(
     assert_eq!(log.acks[1], vec![3], "latest ack re-sent after the reconnect");
 }
 
+/// A first frame that does not parse confirms no start cursor: that connection is dropped and
+/// the next one's `subscribed` frame fixes where a `latest` stream starts. Going on without
+/// it, a reconnect before the first message asked for `latest` again and skipped what was
+/// published in between.
+#[tokio::test]
+async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
+        if n == 0 {
+            let _ = socket.send(AxMessage::Text("not a frame".into())).await;
+            let _ = socket.send(AxMessage::Close(None)).await;
+        } else {
+            send(&mut socket, sub_frame(10)).await;
+            send(&mut socket, msg(11)).await;
+            send(&mut socket, deleted()).await;
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s")).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(sub.subscribed_cursor(), Some(10));
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events), vec!["11", "deleted"]);
+    assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, vec![None, None]);
+}
+
 #[tokio::test]
 async fn latest_subscription_resumes_from_the_cursor_the_server_confirmed() {
     let log = Shared::default();

@@ -34,9 +34,10 @@ use crate::app::SharedApp;
 use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
-    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX, PUBLISH_WS_GROUP_BYTES_MAX,
-    PUBLISH_WS_GROUP_FRAMES_MAX, PUBLISH_WS_IDLE_TIMEOUT, PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX,
-    PUBLISH_WS_PING_INTERVAL, PUBLISH_WS_REF_BYTES_MAX, PUBLISH_WS_SEND_TIMEOUT,
+    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX,
+    PUBLISH_WS_FRAME_READ_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX, PUBLISH_WS_IDLE_TIMEOUT,
+    PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_PING_INTERVAL, PUBLISH_WS_REF_BYTES_MAX,
+    PUBLISH_WS_SEND_TIMEOUT,
 };
 
 #[derive(Deserialize)]
@@ -71,9 +72,7 @@ pub async fn upgrade(
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
     Ok(upgrade
         .max_message_size(PUBLISH_BODY_BYTES_MAX)
-        // tungstenite reads a whole frame before it checks the message's size: without this a
-        // frame could buffer its default 16 MiB first.
-        .max_frame_size(PUBLISH_BODY_BYTES_MAX)
+        .max_frame_size(PUBLISH_WS_FRAME_READ_BYTES_MAX)
         .read_buffer_size(PUBLISHER_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| serve(app, socket, topic))
         .into_response())

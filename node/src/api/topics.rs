@@ -17,7 +17,7 @@ use super::input;
 use super::publish::minify;
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPIC_BODY_BYTES_MAX};
+use crate::limits::{SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX};
 
 /// The stored metadata as JSON (an empty object when none was given).
 fn metadata(record: &TopicRecord) -> Box<RawValue> {
@@ -96,6 +96,13 @@ pub async fn create(
     // Other creations can fill the last places between the check above and this apply.
     if written.response == SmResponse::TopicLimitReached {
         return Err(limit_reached());
+    }
+    if written.response == SmResponse::TopicMetadataLimitReached {
+        return Err(ApiError::InvalidRequest(format!(
+            "the cluster's topics already hold nearly {} MiB of metadata, deleted ones included: \
+             this topic's does not fit",
+            TOPICS_METADATA_BYTES_MAX >> 20
+        )));
     }
     let created = matches!(written.response, SmResponse::TopicCreated { created: true });
     let (status, raft_index) = if created { (StatusCode::CREATED, written.log_index) } else { (StatusCode::OK, 0) };
