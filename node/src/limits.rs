@@ -284,8 +284,16 @@ pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 pub const PEER_CALL_TIMEOUT_MARGIN: Duration = Duration::from_millis(50);
 
 /// RPCs a node works on at once for one peer connection (forwarded writes included); past
-/// it, the connection is not read until one is answered.
+/// it, the connection is not read until one is answered, for at most [`RAFT_ROOM_WAIT_MAX`].
 pub const RAFT_SERVER_INFLIGHT_MAX: usize = 256;
+
+/// How long a peer connection's next request waits for room ([`RAFT_SERVER_INFLIGHT_MAX`],
+/// [`RAFT_INBOUND_BYTES_MAX`]) before the connection is closed: longer than a request holds
+/// room while the node works (a forwarded write waits up to [`WRITE_TIMEOUT`] for its
+/// commit), so only a stalled Raft core gets there. Its sender, which reads no pong meanwhile,
+/// gave up on the connection and dialled again; left open, each such connection would hold
+/// one more frame outside the budget.
+pub const RAFT_ROOM_WAIT_MAX: Duration = Duration::from_secs(WRITE_TIMEOUT.as_secs() + PEER_STALL_TIMEOUT.as_secs());
 
 /// Bytes of Raft requests received from peers that a node holds at once, all connections
 /// together, until each is answered. The per-connection bound alone let a peer that redials

@@ -17,7 +17,8 @@ use super::CLUSTER_ID_HEADER;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
-    PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, RAFT_SERVER_INFLIGHT_MAX, WRITE_TIMEOUT,
+    PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, RAFT_ROOM_WAIT_MAX, RAFT_SERVER_INFLIGHT_MAX,
+    WRITE_TIMEOUT,
 };
 
 pub async fn handle(
@@ -86,6 +87,22 @@ async fn serve_peer(app: SharedApp, socket: WebSocket, presented: Option<String>
         if same_cluster(&app, presented.as_deref()).is_err() {
             break;
         }
+        // A slot of this connection and the request's bytes of the node's budget, taken before
+        // the frame is decoded and held until it is answered, even if this connection ends
+        // first. Waiting past RAFT_ROOM_WAIT_MAX, only a stalled Raft core holds the room: the
+        // connection is closed rather than left holding a frame outside the budget.
+        let room = async { (permits.clone().acquire_owned().await, app.raft_inbound.take(bytes.len()).await) };
+        let held = tokio::select! {
+            held = tokio::time::timeout(RAFT_ROOM_WAIT_MAX, room) => match held {
+                Ok((Ok(permit), bytes)) => (permit, bytes),
+                Ok((Err(_), _)) => break,
+                Err(_) => {
+                    tracing::warn!("raft requests waited {RAFT_ROOM_WAIT_MAX:?} for room; closing their connection");
+                    break;
+                }
+            },
+            _ = app.shutdown.cancelled() => break,
+        };
         let frame = match decode::<RpcRequest>(&bytes) {
             Ok(frame) => frame,
             Err(e) => match frame_id(&bytes) {
@@ -104,15 +121,8 @@ async fn serve_peer(app: SharedApp, socket: WebSocket, presented: Option<String>
                 }
             },
         };
-        // A slot of this connection and the request's bytes of the node's budget, held until
-        // it is answered, even if this connection ends first.
-        let held = tokio::select! {
-            held = async { (permits.clone().acquire_owned().await, app.raft_inbound.take(bytes.len()).await) } => match held {
-                (Ok(permit), bytes) => (permit, bytes),
-                (Err(_), _) => break,
-            },
-            _ = app.shutdown.cancelled() => break,
-        };
+        // The raw bytes are not needed once decoded: only the request is held meanwhile.
+        drop(bytes);
         // Each RPC runs on its own task so a slow one (a snapshot chunk) does not hold up
         // votes and heartbeats on the same connection.
         let (app, sink) = (app.clone(), sink.clone());
