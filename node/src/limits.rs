@@ -69,6 +69,9 @@ pub const BODY_DRAIN_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Body of topic creation (metadata).
 pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
+/// The most one topic takes in a `GET /topics` body, or in the record read for it: its name
+/// (letters, digits and `._-`, nothing escaped) and its fields.
+pub const TOPIC_LIST_ITEM_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 128;
 
 /// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
 /// and writes waiting for the proposer (see `propose.rs`). One entry in flight measured best

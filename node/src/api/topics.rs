@@ -5,19 +5,23 @@ use std::collections::{BTreeMap, HashMap};
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use raft_store::{Request, Response as SmResponse, Retention, TopicRecord};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::input;
+use super::messages::ReadRoom;
 use super::publish::minify;
 use crate::app::SharedApp;
 use crate::error::ApiError;
-use crate::limits::{SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX};
+use crate::limits::{
+    SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX, TOPIC_LIST_ITEM_BYTES_MAX,
+};
+use crate::serve::ClientAddr;
 
 /// The stored metadata as JSON (an empty object when none was given).
 fn metadata(record: &TopicRecord) -> Box<RawValue> {
@@ -109,25 +113,56 @@ pub async fn create(
     Ok((status, Json(json!({"topic": name, "created": created, "raft_index": raft_index}))).into_response())
 }
 
+/// One item of `GET /topics`.
+#[derive(Serialize)]
+struct TopicItem<'a> {
+    name: &'a str,
+    message_count: u64,
+    current_sequence: u64,
+    created_at: u64,
+}
+
+#[derive(Serialize)]
+struct TopicList<'a> {
+    topics: Vec<TopicItem<'a>>,
+    next_after: Option<&'a str>,
+}
+
 /// `GET /topics[?after=NAME][&limit=N]`: active topics by name; a page of them with `limit`,
-/// `next_after` naming where the next page starts (`null` after the last).
-pub async fn list(State(app): State<SharedApp>, query: RawQuery) -> Result<Json<Value>, ApiError> {
+/// `next_after` naming where the next page starts (`null` after the last). With 100,000
+/// topics the body is tens of megabytes: it counts against the node's budget of pages read
+/// (and its client's share) until sent, reserved for its worst case before the list is read.
+pub async fn list(
+    State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
+    query: RawQuery,
+) -> Result<Response, ApiError> {
     let query = input::query(query)?;
     let limit = match query.get("limit").map(|v| v.trim().parse::<usize>()) {
         None => TOPICS_MAX,
         Some(Ok(n)) if (1..=TOPICS_MAX).contains(&n) => n,
         Some(_) => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {TOPICS_MAX}"))),
     };
+    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    // The records read and the body built from them live together for a moment.
+    let worst = 2 * limit.min(app.reader.topic_count()) * TOPIC_LIST_ITEM_BYTES_MAX;
+    let room = ReadRoom::reserve(&app, client, worst).await?;
     let (records, more) = app.reader.active_topics_page(query.get("after").map(String::as_str), limit);
-    let next_after = more.then(|| records.last().map(|r| r.name.clone())).flatten();
-    let topics: Vec<Value> = records
-        .iter()
-        .map(|r| {
-            json!({"name": r.name, "message_count": r.message_count(), "current_sequence": r.current_sequence,
-                   "created_at": r.created_at})
-        })
-        .collect();
-    Ok(Json(json!({ "topics": topics, "next_after": next_after })))
+    let list = TopicList {
+        topics: records
+            .iter()
+            .map(|r| TopicItem {
+                name: &r.name,
+                message_count: r.message_count(),
+                current_sequence: r.current_sequence,
+                created_at: r.created_at,
+            })
+            .collect(),
+        next_after: if more { records.last().map(|r| r.name.as_str()) } else { None },
+    };
+    // Strings and integers only: serializing cannot fail.
+    let body = serde_json::to_vec(&list).unwrap_or_default();
+    Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response())
 }
 
 pub async fn get(
