@@ -144,8 +144,8 @@ pub async fn list(
         Some(_) => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {TOPICS_MAX}"))),
     };
     let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
-    // The records read and the body built from them live together for a moment.
-    let worst = 2 * limit.min(app.reader.topic_count()) * TOPIC_LIST_ITEM_BYTES_MAX;
+    // For the body; the records it is built from are gone before it is sent.
+    let worst = limit.min(app.reader.topic_count()) * TOPIC_LIST_ITEM_BYTES_MAX;
     let room = ReadRoom::reserve(&app, client, worst).await?;
     let (records, more) = app.reader.active_topics_page(query.get("after").map(String::as_str), limit);
     let list = TopicList {
@@ -161,7 +161,9 @@ pub async fn list(
         next_after: if more { records.last().map(|r| r.name.as_str()) } else { None },
     };
     // Strings and integers only: serializing cannot fail.
-    let body = serde_json::to_vec(&list).unwrap_or_default();
+    let mut body = serde_json::to_vec(&list).unwrap_or_default();
+    // The room held shrinks to the body's length: so does the allocation.
+    body.shrink_to_fit();
     Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response())
 }
 
