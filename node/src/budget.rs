@@ -1,6 +1,7 @@
 //! A budget of bytes that waiting work draws on: a semaphore whose permits are bytes.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +54,59 @@ impl ByteBudget {
     pub fn hold<P: Send + 'static>(data: Vec<u8>, permits: P) -> Bytes {
         Bytes::from_owner(Held { data, _permits: permits })
     }
+}
+
+/// Room in a node-wide budget and, when the client is known, in its client's share of it:
+/// reserved for a worst case (the client's share first, so that one client waits behind its
+/// own reads), shrunk once the size is known, and held with what it was for.
+pub struct ReadRoom {
+    own: Option<OwnedSemaphorePermit>,
+    node: OwnedSemaphorePermit,
+}
+
+impl ReadRoom {
+    /// Waits for `bytes` in `own` (the client's share), then in `node`; each wait ends by
+    /// `deadline` or fails with the `Err` of the budget that had no room.
+    pub async fn take(
+        node: &ByteBudget,
+        own: Option<ByteBudget>,
+        bytes: usize,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<ReadRoom, RoomFull> {
+        async fn within<T>(deadline: Option<tokio::time::Instant>, wait: impl Future<Output = T>) -> Option<T> {
+            match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok(),
+                None => Some(wait.await),
+            }
+        }
+        let own = match own {
+            Some(own) => Some(within(deadline, own.take(bytes)).await.ok_or(RoomFull::Client)?),
+            None => None,
+        };
+        let node = within(deadline, node.take(bytes)).await.ok_or(RoomFull::Node)?;
+        Ok(ReadRoom { own, node })
+    }
+
+    /// Gives back what is held beyond `bytes`.
+    pub fn shrink(&mut self, bytes: usize) {
+        ByteBudget::shrink(&mut self.node, bytes);
+        if let Some(own) = self.own.as_mut() {
+            ByteBudget::shrink(own, bytes);
+        }
+    }
+
+    /// `body`, holding its size of the room until the last of its bytes is dropped.
+    pub fn hold(mut self, body: Vec<u8>) -> Bytes {
+        self.shrink(body.len());
+        ByteBudget::hold(body, self)
+    }
+}
+
+/// Which budget of a [`ReadRoom`] had no room in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomFull {
+    Client,
+    Node,
 }
 
 struct Held<P> {

@@ -20,6 +20,14 @@ async fn subscribe_from_start(client: &crate::Client) -> Subscription {
     }
 }
 
+/// Subscribes `client` to topic `t` as `s` from the latest sequence.
+async fn subscribe_latest(client: &crate::Client) -> Subscription {
+    match client.subscribe("t", SubscribeOptions::new("s")).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
 // ----- the pure rules ---------------------------------------------------------------
 
 fn message(sequence: u64) -> ServerFrame {
@@ -291,11 +299,7 @@ async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
         }
     })
     .await;
-    let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s")).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_latest(&fast_client(&[&node])).await;
     assert_eq!(sub.subscribed_cursor(), Some(10));
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events), vec!["11", "deleted"]);
@@ -317,11 +321,7 @@ async fn latest_subscription_resumes_from_the_cursor_the_server_confirmed() {
         }
     })
     .await;
-    let client = fast_client(&[&node]);
-    let sub = match client.subscribe("t", SubscribeOptions::new("s")).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let sub = subscribe_latest(&fast_client(&[&node])).await;
     let events = collect(sub, false).await;
     assert_eq!(sequences(&events), vec!["11", "12", "deleted"]);
     let log = log.lock().unwrap_or_else(|p| p.into_inner());

@@ -10,12 +10,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::input;
 use super::topics::active;
 use crate::app::SharedApp;
-use crate::budget::ByteBudget;
+use crate::budget::{ReadRoom, RoomFull};
 use crate::error::ApiError;
 use crate::limits::{
     READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_PAGES_BYTES_PER_CLIENT_MAX, READ_PAGES_WAIT_TIMEOUT,
@@ -117,7 +116,7 @@ async fn page(
     after: u64,
     limit: usize,
 ) -> Result<Response, ApiError> {
-    let room = ReadRoom::reserve(app, client, READ_PAGE_BYTES_RESERVED).await?;
+    let room = reserve(app, client, READ_PAGE_BYTES_RESERVED).await?;
     let start = page_start(record, after);
     let messages = app.reader.read_messages_settled(record.id, start, limit)?;
     let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
@@ -145,45 +144,19 @@ async fn page(
     Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(out)).into_response())
 }
 
-/// A response body's share of the node's budget of pages read, and of its client's share of
-/// that, reserved for its worst case before it is built and held until it has been sent.
-pub(super) struct ReadRoom {
-    own: Option<OwnedSemaphorePermit>,
-    node: OwnedSemaphorePermit,
-}
-
-impl ReadRoom {
-    /// Reserves `bytes`, waiting at most [`READ_PAGES_WAIT_TIMEOUT`] for room: `503
-    /// unavailable` past it.
-    pub(super) async fn reserve(app: &SharedApp, client: Option<IpAddr>, bytes: usize) -> Result<ReadRoom, ApiError> {
-        let deadline = tokio::time::Instant::now() + READ_PAGES_WAIT_TIMEOUT;
-        let own = match client {
-            Some(ip) => {
-                let budget = app.client_read_pages.of(ip);
-                let taken = tokio::time::timeout_at(deadline, budget.take(bytes)).await;
-                Some(taken.map_err(|_| {
-                    ApiError::Unavailable(format!(
-                        "this client already holds {} MiB of pages it has not read yet",
-                        READ_PAGES_BYTES_PER_CLIENT_MAX >> 20
-                    ))
-                })?)
-            }
-            None => None,
-        };
-        let node = tokio::time::timeout_at(deadline, app.read_pages.take(bytes))
-            .await
-            .map_err(|_| ApiError::Unavailable("the node is busy sending pages to other readers".into()))?;
-        Ok(ReadRoom { own, node })
-    }
-
-    /// `body`, holding its size of the room until the last of its bytes is dropped.
-    pub(super) fn hold(mut self, body: Vec<u8>) -> axum::body::Bytes {
-        ByteBudget::shrink(&mut self.node, body.len());
-        if let Some(own) = self.own.as_mut() {
-            ByteBudget::shrink(own, body.len());
-        }
-        ByteBudget::hold(body, (self.own, self.node))
-    }
+/// A response body's room in the node's budget of pages read and its client's share of it,
+/// reserved for its worst case before it is built and held until it has been sent; `503
+/// unavailable` when there is none within [`READ_PAGES_WAIT_TIMEOUT`].
+pub(super) async fn reserve(app: &SharedApp, client: Option<IpAddr>, bytes: usize) -> Result<ReadRoom, ApiError> {
+    let deadline = tokio::time::Instant::now() + READ_PAGES_WAIT_TIMEOUT;
+    let own = client.map(|ip| app.client_read_pages.of(ip));
+    ReadRoom::take(&app.read_pages, own, bytes, Some(deadline)).await.map_err(|full| match full {
+        RoomFull::Client => ApiError::Unavailable(format!(
+            "this client already holds {} MiB of pages it has not read yet",
+            READ_PAGES_BYTES_PER_CLIENT_MAX >> 20
+        )),
+        RoomFull::Node => ApiError::Unavailable("the node is busy sending pages to other readers".into()),
+    })
 }
 
 #[cfg(test)]

@@ -259,16 +259,14 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             }
         }
         // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
-        let (frames, bytes_read) = (group.len() as u32, bytes);
+        let frames = group.len() as u32;
         // The node's budget for request bodies too: without it, many connections could each
         // hold their own budget's worth while the proposer's queue is full.
         let room = async {
             let count = permits.clone().acquire_many_owned(frames).await;
-            let bytes = inflight_bytes.take(bytes_read).await;
-            let node_bytes = app.request_bodies.take(bytes_read).await;
-            (count, bytes, node_bytes)
+            (count, inflight_bytes.take(bytes).await, app.request_bodies.take(bytes).await)
         };
-        let (Ok(count), bytes, node_bytes) = (tokio::select! {
+        let (Ok(count), own_bytes, node_bytes) = (tokio::select! {
             room = room => room,
             _ = app.shutdown.cancelled() => {
                 // Read but never proposed: the client learns these are not stored (and may
@@ -289,7 +287,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
             close_with = (1009, "publish frame too large");
         }
         // Never waits: groups in flight are bounded by the permits above.
-        if groups.send(Group { frames: group, room: (count, bytes), node_room: node_bytes }).await.is_err() {
+        if groups.send(Group { frames: group, room: (count, own_bytes), node_room: node_bytes }).await.is_err() {
             break;
         }
     }
@@ -360,15 +358,14 @@ fn binary_frame() -> String {
     error_frame(None, &ApiError::InvalidRequest("publish frames are JSON text; a binary frame is not read".into()))
 }
 
+/// The `ref` of a frame that is not a valid publish frame, if it is JSON with one.
+fn frame_ref(text: &Utf8Bytes) -> Option<Box<RawValue>> {
+    serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference)
+}
+
 /// The answers to a group's frames, read but not proposed: `e` for each, under its `ref`.
 fn refused(frames: &[Utf8Bytes], e: &ApiError) -> Vec<String> {
-    frames
-        .iter()
-        .map(|text| {
-            let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
-            error_frame(echoable(reference.as_deref()), e)
-        })
-        .collect()
+    frames.iter().map(|text| error_frame(echoable(frame_ref(text).as_deref()), e)).collect()
 }
 
 /// A frame that passed the checks at the edge, waiting for its group's commit.
@@ -399,7 +396,7 @@ fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
         let frame = match serde_json::from_str::<PublishFrame>(text.as_str()) {
             Ok(frame) => frame,
             Err(e) => {
-                let reference = serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference);
+                let reference = frame_ref(text);
                 let error = ApiError::InvalidRequest(format!("invalid frame: {}", truncated(&e.to_string())));
                 answers[at] = error_frame(echoable(reference.as_deref()), &error);
                 continue;

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::input;
-use super::messages::ReadRoom;
+use super::messages::reserve;
 use super::publish::minify;
 use crate::app::SharedApp;
 use crate::error::ApiError;
@@ -146,7 +146,7 @@ pub async fn list(
     let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
     // For the body; the records it is built from are gone before it is sent.
     let worst = limit.min(app.reader.topic_count()) * TOPIC_LIST_ITEM_BYTES_MAX;
-    let room = ReadRoom::reserve(&app, client, worst).await?;
+    let room = reserve(&app, client, worst).await?;
     let (records, more) = app.reader.active_topics_page(query.get("after").map(String::as_str), limit);
     let list = TopicList {
         topics: records

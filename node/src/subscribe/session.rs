@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::frames;
 use crate::app::SharedApp;
-use crate::budget::ByteBudget;
+use crate::budget::ReadRoom;
 use crate::limits::{
     SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_BYTES_RESERVED, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES,
     SUBSCRIBE_PING_INTERVAL,
@@ -289,36 +289,28 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
                 let own = s.client.map(|ip| app.client_read_pages.of(ip));
-                let take = async {
-                    let own = match &own {
-                        Some(own) => Some(own.take(SUBSCRIBE_PAGE_BYTES_RESERVED).await),
-                        None => None,
-                    };
-                    (own, app.read_pages.take(SUBSCRIBE_PAGE_BYTES_RESERVED).await)
-                };
+                let take = ReadRoom::take(&app.read_pages, own, SUBSCRIBE_PAGE_BYTES_RESERVED, None);
                 tokio::pin!(take);
-                let (mut own, mut reserved) = loop {
+                let mut room = loop {
                     tokio::select! {
                         biased;
-                        reserved = &mut take => break reserved,
+                        // Without a deadline, only a budget that had room answers.
+                        Ok(room) = &mut take => break room,
                         _ = ping.tick() => out.keep_alive().await?,
                         () = &mut client_gone => return Ok(End::Gone),
                         () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
                     }
                 };
                 page = read_page(app, s, cursor)?;
-                ByteBudget::shrink(&mut reserved, frame_bytes(&page));
-                if let Some(own) = own.as_mut() {
-                    ByteBudget::shrink(own, frame_bytes(&page));
-                }
-                Some((own, Some(reserved)))
+                room.shrink(frame_bytes(&page));
+                (Some(room), None)
             } else {
                 // One from the cache counts when there is room, and never waits for it: its
                 // frames are shared with the cache, which has a bound of its own, and a live
                 // subscriber must not wait behind others' slow readers. What it holds beyond
                 // the cache (frames dropped while it sends them) is one page, at most 1 MiB and
                 // a message.
-                Some((None, app.read_pages.try_take(frame_bytes(&page))))
+                (None, app.read_pages.try_take(frame_bytes(&page)))
             };
             if deliver_page(app, out, s, &mut cursor, last, deleted_since_start, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
