@@ -626,6 +626,38 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     assert_eq!(followers, 2, "the leader reports each follower's lag:\n{text}");
 }
 
+/// `/metrics` lists every topic in every scrape, also when scrapes run at once (each render
+/// fills and empties the per-topic series: two at once used to encode each other's half-filled
+/// ones), and its body stays within the room reserved for it in the read budget (one series
+/// per topic, names at their longest), which is back in the budget once the body is sent.
+#[tokio::test]
+async fn metrics_list_every_topic_within_their_reserved_room() {
+    use pubsub_node::metrics::Metrics;
+    const TOPICS: usize = 40;
+    const SCRAPES: usize = 8;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    let names: Vec<String> = (0..TOPICS).map(|i| format!("{i:03}{}", "t".repeat(252))).collect();
+    for name in &names {
+        assert_eq!(post_raw(&format!("{l}/topics/{name}"), "").await.unwrap().status, 201);
+        assert_eq!(post(&format!("{l}/topics/{name}/messages"), &json!({"payload": 1})).await.unwrap().status, 201);
+    }
+    let scrapes = (0..SCRAPES)
+        .map(|_| async { http::client().get(format!("{l}/metrics")).send().await.unwrap().text().await.unwrap() });
+    for text in futures_util::future::join_all(scrapes).await {
+        for name in &names {
+            let series = format!("pubsub_topic_current_sequence{{topic=\"{name}\"}} 1");
+            assert!(text.contains(&series), "missing {series} in\n{text}");
+        }
+        assert!(text.len() <= Metrics::rendered_bytes_max(TOPICS), "{} bytes", text.len());
+    }
+    // A scrape leaves its own body out of the gauge; the earlier ones were sent.
+    wait_until("the scrapes' room given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_single_node_with_no_peers_is_a_working_cluster() {
     let c = Cluster::start(Options { nodes: 1, secret: None, ..Default::default() }).await;
@@ -773,6 +805,44 @@ async fn a_burst_of_publish_frames_is_answered_frame_by_frame() {
         let m = stored.iter().find(|m| m["sequence"] == ack["sequence"]).expect("acked message is stored");
         assert_eq!(m["id"], ack["id"]);
     }
+}
+
+/// A node serves at most `PUBLISH_WS_CONNECTIONS_MAX` publishing WebSockets: the next upgrade
+/// is answered `503 unavailable` (each connection may hold megabytes outside the node's
+/// budgets), and a place comes back when a connection ends.
+#[tokio::test]
+async fn publishing_connections_are_bounded_per_node() {
+    use pubsub_node::limits::PUBLISH_WS_CONNECTIONS_MAX;
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    let mut open = vec![publishing_socket(&l, "p").await];
+    while open.len() < PUBLISH_WS_CONNECTIONS_MAX {
+        open.push(ws_connect(&l, "/topics/p/publish").await);
+    }
+    assert_eq!(http::metric(&l, "pubsub_publishing_connections").await, Some(PUBLISH_WS_CONNECTIONS_MAX as u64));
+    let url = format!("{}/topics/p/publish", l.replacen("http://", "ws://", 1));
+    match tokio_tungstenite::connect_async(url.as_str()).await {
+        Err(WsError::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 503);
+            if let Some(body) = response.body() {
+                let body: Value = serde_json::from_slice(body).expect("an error body");
+                assert!(is_error_body(&body, "unavailable"), "{body}");
+            }
+        }
+        other => panic!("the connection past the bound was not refused: {:?}", other.map(|_| ())),
+    }
+    // The connections still publish.
+    let last = open.last_mut().unwrap();
+    last.send(Message::text(json!({"type": "publish", "ref": 1, "payload": "x"}).to_string())).await.unwrap();
+    assert_eq!(next_frame(last).await["type"], "ack");
+    drop(open.pop());
+    let mut again = wait_until("a place given back", Duration::from_secs(10), || async {
+        tokio_tungstenite::connect_async(url.as_str()).await.ok().map(|(ws, _)| ws)
+    })
+    .await;
+    again.send(Message::text(json!({"type": "publish", "ref": 2, "payload": "y"}).to_string())).await.unwrap();
+    assert_eq!(next_frame(&mut again).await["sequence"], 2);
 }
 
 /// A topic deleted and created again while a subscriber is still replaying it: the subscriber

@@ -33,8 +33,8 @@ use crate::types::{
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Addresses to start from (`host:port` or `http://host:port`); the cluster's `peers`
-    /// are added to them as the client learns them.
+    /// Addresses to start from (`host:port` or `http://host:port`). The client also uses the
+    /// `peers` of the latest `/cluster` answer it got; the seeds are always kept.
     pub seeds: Vec<String>,
     /// Time to open a TCP connection to one node.
     pub connect_timeout: Duration,
@@ -189,7 +189,10 @@ struct Inner {
 /// What the client knows about the cluster's nodes.
 #[derive(Debug)]
 struct Nodes {
-    /// Seeds and learned peers, as node base URLs, without duplicates.
+    /// The seeds, as node base URLs, without duplicates; always at the start of `known`.
+    seeds: Vec<Url>,
+    /// The seeds, then the peers and leader of the latest `/cluster` answer and any leader
+    /// named since, as node base URLs, without duplicates.
     known: Vec<Url>,
     /// The leader last named by the cluster; `None` until discovered or after it failed.
     leader: Option<Url>,
@@ -265,14 +268,14 @@ impl Client {
 
     /// A client with this configuration.
     pub fn with_config(config: ClientConfig) -> Result<Client, Error> {
-        let mut known: Vec<Url> = Vec::new();
+        let mut seeds: Vec<Url> = Vec::new();
         for seed in &config.seeds {
             let url = endpoint::parse_base(seed)?;
-            if !known.contains(&url) {
-                known.push(url);
+            if !seeds.contains(&url) {
+                seeds.push(url);
             }
         }
-        if known.is_empty() {
+        if seeds.is_empty() {
             return Err(Error::InvalidArgument("no server address given".into()));
         }
         if config.subscribe_ping_interval.is_zero() {
@@ -280,7 +283,11 @@ impl Client {
         }
         let http = http::Http::new(config.connect_timeout);
         Ok(Client {
-            inner: Arc::new(Inner { http, config, nodes: Mutex::new(Nodes { known, leader: None, next: 0 }) }),
+            inner: Arc::new(Inner {
+                http,
+                config,
+                nodes: Mutex::new(Nodes { known: seeds.clone(), seeds, leader: None, next: 0 }),
+            }),
         })
     }
 

@@ -73,6 +73,12 @@ pub const SUBSCRIBE_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// reading the socket, TCP pushes back, and the server serves the subscriber from storage.
 pub const SUBSCRIPTION_EVENTS_BUFFERED: usize = 256;
 
+/// Times a subscription reconnects to read again a frame that did not parse at the same resume
+/// position. A frame garbled on the way (a proxy, a transient fault) parses when the node sends
+/// it again; one that never parses (a server of another version) is then reported as
+/// [`crate::Error::Protocol`] and read past, instead of reconnecting forever.
+pub const SUBSCRIPTION_UNPARSED_REREADS_MAX: u32 = 3;
+
 /// How long [`crate::Subscription::close`] waits for the last ack and the close handshake.
 pub const SUBSCRIPTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 

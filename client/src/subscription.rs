@@ -153,8 +153,10 @@ impl Acker {
 ///
 /// The stream ends after [`Event::TopicDeleted`], or after an `Err` the subscription cannot
 /// recover from (the topic vanished, the cluster stayed unreachable for the reconnect
-/// budget). [`Error::SequenceGap`] is reported and the stream goes on. Dropping the
-/// subscription closes its connection.
+/// budget). [`Error::SequenceGap`] is reported and the stream goes on; so is
+/// [`Error::Protocol`] for a frame that still does not parse when read again from
+/// [`limits::SUBSCRIPTION_UNPARSED_REREADS_MAX`] new connections. Dropping the subscription
+/// closes its connection.
 ///
 /// ```no_run
 /// use futures_util::StreamExt;
@@ -229,8 +231,9 @@ impl Subscription {
         let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, &mut self.task).await;
     }
 
-    /// The effective start cursor the server confirmed (messages after it are delivered);
-    /// `None` when the server sent no `subscribed` frame first.
+    /// The effective start cursor the server confirmed (messages after it are delivered).
+    /// Always `Some`: a subscription starts only on a connection whose first frame is
+    /// `subscribed`.
     pub fn subscribed_cursor(&self) -> Option<u64> {
         self.subscribed_cursor
     }
@@ -282,20 +285,15 @@ impl Client {
             )));
         }
         let mut tracker = Tracker::new(topic, options.cursor);
-        let (socket, first) = self.connect_first(topic, &options.subscriber_id, options.cursor).await?;
+        let (socket, cursor) = self.connect_first(topic, &options.subscriber_id, options.cursor).await?;
         if self.node_count() == 1 {
             // Given one address, the client knows no other node to fail over to: learn the
             // cluster's peers now, from the node that just answered, while it is up.
             self.refresh_nodes().await;
         }
-        let mut pending = Vec::new();
-        let mut subscribed_cursor = None;
-        if let ServerFrame::Control(ControlFrame::Subscribed { cursor }) = &first {
-            subscribed_cursor = Some(*cursor);
-        }
         // The tracker learns the effective cursor now, so a reconnect before the application
         // polls still resumes from the right place.
-        pending.push(tracker.on_frame(first));
+        tracker.on_subscribed(cursor);
         let (events_tx, events_rx) = mpsc::channel(limits::SUBSCRIPTION_EVENTS_BUFFERED);
         let (ack_tx, ack_rx) = watch::channel(0u64);
         let task = Worker {
@@ -307,32 +305,28 @@ impl Client {
             acks: ack_rx,
             acks_open: true,
             failures: 0,
+            unparsed: None,
         };
-        let task = tokio::spawn(task.run(socket, pending));
+        let task = tokio::spawn(task.run(socket));
         Ok(Subscription {
             events: events_rx,
             acker: Acker { latest: Arc::new(ack_tx) },
             task,
             topic: topic.to_string(),
             subscriber_id: options.subscriber_id,
-            subscribed_cursor,
+            subscribed_cursor: Some(cursor),
         })
     }
 
     /// Connects to the first node that accepts, trying the known nodes in turn with backoff,
-    /// and reads the first frame.
+    /// and returns the start cursor its first frame, `subscribed`, confirms.
     ///
     /// A follower serves subscriptions from its own applied state, so right after a topic is
     /// created (or messages published) it may still answer `404 topic_not_found` or
     /// `400 invalid_cursor` while the leader would accept. Those refusals move on to the next
     /// node at once and are final only when as many nodes as the client knows gave them.
     /// Other refusals (`400 invalid_request`, ...) are final at once; `5xx` ones are retried.
-    async fn connect_first(
-        &self,
-        topic: &str,
-        subscriber_id: &str,
-        cursor: Cursor,
-    ) -> Result<(Socket, ServerFrame), Error> {
+    async fn connect_first(&self, topic: &str, subscriber_id: &str, cursor: Cursor) -> Result<(Socket, u64), Error> {
         let policy = self.config().retry.clone();
         let started = Instant::now();
         let mut attempts = 0;
@@ -344,12 +338,12 @@ impl Client {
             let mut backoff = true;
             let failure = match connect(self, &node, topic, subscriber_id, cursor).await {
                 Ok(mut socket) => match first_frame(&mut socket, self.timeout()).await {
-                    Ok(frame) => return Ok((socket, frame)),
+                    Ok(cursor) => return Ok((socket, cursor)),
                     Err(failure) => failure,
                 },
                 Err(Refusal::Api(api)) if may_lag_behind(&api) => {
                     denied.insert(node.clone());
-                    if denied.len() >= self.node_count() {
+                    if self.every_node_in(&denied) {
                         return Err(Error::Api(api));
                     }
                     tracing::debug!(%node, %api, "subscription refused; trying the next node");
@@ -451,19 +445,21 @@ async fn connect(
     }
 }
 
-/// Reads the first text frame (the contract's `subscribed`). One that does not parse fails the
-/// connection like a transport error: going on without the start cursor it confirms, a
-/// reconnect before the first message would resume from the latest sequence and skip what
-/// was published meanwhile.
-async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<ServerFrame, Refusal> {
+/// Reads the first text frame, the contract's `subscribed` (API.md §5), and returns the start
+/// cursor it confirms. Any other first frame, or one that does not parse, fails the connection
+/// like a transport error: going on without a confirmed start cursor, a reconnect before the
+/// first message would resume from the latest sequence and skip what was published meanwhile.
+async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refusal> {
     let read = async {
         loop {
             match socket.next().await {
                 Some(Ok(WsMessage::Text(text))) => {
-                    return serde_json::from_str::<ServerFrame>(&text).map_err(|e| Refusal::Transport {
-                        error: format!("the first frame does not parse: {e}").into(),
-                        timeout: false,
-                    })
+                    let reason = match serde_json::from_str::<ServerFrame>(&text) {
+                        Ok(ServerFrame::Control(ControlFrame::Subscribed { cursor })) => return Ok(cursor),
+                        Ok(_) => "the first frame is not `subscribed`".to_string(),
+                        Err(e) => format!("the first frame does not parse: {e}"),
+                    };
+                    return Err(Refusal::Transport { error: reason.into(), timeout: false });
                 }
                 Some(Ok(WsMessage::Close(_))) | None => {
                     return Err(Refusal::Transport {
@@ -509,15 +505,13 @@ struct Worker {
     acks_open: bool,
     /// Consecutive failed reconnects; reset by a `subscribed` frame.
     failures: u32,
+    /// The resume cursor at the last frame that did not parse, and how many did not parse
+    /// while it stood there. Not reset by `subscribed`, which each re-read brings.
+    unparsed: Option<(Cursor, u32)>,
 }
 
 impl Worker {
-    async fn run(mut self, socket: Socket, pending: Vec<Step>) {
-        for step in pending {
-            if self.deliver(step).await == Next::Finished {
-                return;
-            }
-        }
+    async fn run(mut self, socket: Socket) {
         let mut socket = Some(socket);
         loop {
             let current = match socket.take() {
@@ -548,6 +542,12 @@ impl Worker {
     ///
     /// Gives up after `reconnect_attempts_max` consecutive failures; a connection that
     /// drops before its `subscribed` frame counts as a failure too.
+    ///
+    /// The new connection's first frame is left to `drive`, unlike the first connection's: the
+    /// resume cursor is explicit by now (the first `subscribed` frame fixed it), so a first frame
+    /// that is not `subscribed` cannot move the stream's start: messages are still deduplicated
+    /// and gap-checked against the last delivered sequence. It only leaves `failures` counting
+    /// until a `subscribed` frame comes.
     async fn reconnect(&mut self) -> Result<Socket, Error> {
         let config = self.client.config().clone();
         let started = Instant::now();
@@ -587,7 +587,7 @@ impl Worker {
                     // not. A topic every node denies is gone.
                     ErrorCode::TopicNotFound => {
                         not_found.insert(node.clone());
-                        if not_found.len() >= self.client.node_count() {
+                        if self.client.every_node_in(&not_found) {
                             return Err(refusal.into_error(self.failures, started.elapsed()));
                         }
                     }
@@ -704,6 +704,13 @@ impl Worker {
         let frame = match serde_json::from_str::<ServerFrame>(text) {
             Ok(frame) => frame,
             Err(e) => {
+                // Read past, the frame would be lost, and the next message reported as a gap.
+                // TCP does not corrupt, so a garbled frame came from a transient fault or a
+                // proxy: resuming after the last delivered message has a node send it again.
+                if self.may_reread_unparsed() {
+                    tracing::debug!(topic = %self.topic, error = %e, "a frame does not parse; reading it again");
+                    return Next::Dropped;
+                }
                 let error = Error::Protocol {
                     url: format!("subscription to {}", self.topic),
                     reason: format!("frame does not parse: {e}"),
@@ -719,6 +726,19 @@ impl Worker {
         }
         let step = self.tracker.on_frame(frame);
         self.deliver(step).await
+    }
+
+    /// Counts a frame that did not parse at the current resume cursor; true while it may be read
+    /// again from a new connection, false once one at this cursor never parsed in
+    /// [`limits::SUBSCRIPTION_UNPARSED_REREADS_MAX`] re-reads (a server of another version).
+    fn may_reread_unparsed(&mut self) -> bool {
+        let at = self.tracker.resume_cursor();
+        let count = match self.unparsed {
+            Some((cursor, count)) if cursor == at => count + 1,
+            _ => 1,
+        };
+        self.unparsed = Some((at, count));
+        count <= limits::SUBSCRIPTION_UNPARSED_REREADS_MAX
     }
 
     /// Hands a tracker step to the application. `Finished` when the stream is over.

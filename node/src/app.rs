@@ -45,6 +45,9 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// Open subscriptions on this node.
     pub subscriptions: AtomicUsize,
+    /// Places for publishing WebSockets, one taken by each open connection (see
+    /// [`crate::limits::PUBLISH_WS_CONNECTIONS_MAX`]).
+    pub publishing_connections: Arc<tokio::sync::Semaphore>,
     /// Told when the last open subscription ends (a stopping node waits for it before its
     /// last flush of acks).
     pub subscriptions_ended: tokio::sync::Notify,

@@ -87,6 +87,11 @@ impl ReadRoom {
         Ok(ReadRoom { own, node })
     }
 
+    /// Bytes held of the node's budget.
+    pub fn bytes(&self) -> usize {
+        self.node.num_permits()
+    }
+
     /// Gives back what is held beyond `bytes`.
     pub fn shrink(&mut self, bytes: usize) {
         ByteBudget::shrink(&mut self.node, bytes);

@@ -109,6 +109,7 @@ where
         inflight: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
         subscriptions: AtomicUsize::new(0),
+        publishing_connections: Arc::new(tokio::sync::Semaphore::new(limits::PUBLISH_WS_CONNECTIONS_MAX)),
         subscriptions_ended: tokio::sync::Notify::new(),
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),

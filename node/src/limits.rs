@@ -50,6 +50,11 @@ pub const PUBLISH_WS_GROUP_FRAMES_MAX: usize = 256;
 /// of buffering tungstenite's default 16 MiB.
 pub const PUBLISH_WS_FRAME_READ_BYTES_MAX: usize = 4 * PUBLISH_BODY_BYTES_MAX;
 pub const PUBLISH_WS_GROUP_BYTES_MAX: usize = 1024 * 1024;
+/// Publishing WebSockets a node serves at once; past it the upgrade is answered `503
+/// unavailable`. Each may hold a frame of up to [`PUBLISH_WS_FRAME_READ_BYTES_MAX`] being read
+/// and the answers of [`PUBLISH_WS_INFLIGHT_MAX`] publishes outside the request-body budget
+/// (about 6 MiB at worst), so connections without a bound were memory without one.
+pub const PUBLISH_WS_CONNECTIONS_MAX: usize = 1024;
 
 /// Body of a batch publish. Bounds one Raft entry (and so one AppendEntries message).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -72,6 +77,11 @@ pub const TOPIC_BODY_BYTES_MAX: usize = 64 * 1024;
 /// The most one topic takes in a `GET /topics` body, or in the record read for it: its name
 /// (letters, digits and `._-`, nothing escaped) and its fields.
 pub const TOPIC_LIST_ITEM_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 128;
+/// The most bytes of a `/metrics` body: the node's own series (histograms, counters, a few
+/// per follower and per column family), then one line per active topic, whose name is at
+/// most [`TOPIC_NAME_CHARS_MAX`] ASCII characters (checked by a test against a render).
+pub const METRICS_FIXED_BYTES_MAX: usize = 64 * 1024;
+pub const METRICS_TOPIC_LINE_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 96;
 
 /// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
 /// and writes waiting for the proposer (see `propose.rs`). One entry in flight measured best

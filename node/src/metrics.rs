@@ -2,7 +2,7 @@
 //! things happen; gauges that mirror Raft or topic state are refreshed when scraped.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use raft_store::FsyncObserver;
 
 use crate::app::App;
+use crate::limits::{METRICS_FIXED_BYTES_MAX, METRICS_TOPIC_LINE_BYTES_MAX, PUBLISH_WS_CONNECTIONS_MAX};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabel {
@@ -67,6 +68,7 @@ pub struct Metrics {
     pub commit_latency: Histogram,
     pub leader_changes: Counter,
     pub subscribers: Gauge,
+    publishing_connections: Gauge,
     pub delivered: Counter,
     /// Subscriber acks not recorded because their topic holds its most recorded cursors.
     pub acks_refused: Counter,
@@ -83,6 +85,9 @@ pub struct Metrics {
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
     raft_inbound_bytes: Gauge<u64, AtomicU64>,
+    /// One render at a time: each fills the per-topic and per-follower families, encodes them
+    /// and empties them again, and two at once would encode each other's half-filled ones.
+    rendering: Mutex<()>,
 }
 
 /// What the log store reports of its fsyncs ([`FsyncObserver`]).
@@ -113,6 +118,12 @@ impl Default for Metrics {
         registry.register("leader_changes", "Leader changes seen by this node", leader_changes.clone());
         let subscribers = Gauge::default();
         registry.register("subscribers", "Open WebSocket subscriptions on this node", subscribers.clone());
+        let publishing_connections = Gauge::default();
+        registry.register(
+            "publishing_connections",
+            "Open publishing WebSockets on this node, bounded per node",
+            publishing_connections.clone(),
+        );
         let delivered = Counter::default();
         registry.register("delivered_messages", "Message frames sent to subscribers", delivered.clone());
         let acks_refused = Counter::default();
@@ -190,6 +201,7 @@ impl Default for Metrics {
             commit_latency,
             leader_changes,
             subscribers,
+            publishing_connections,
             delivered,
             acks_refused,
             raft_term,
@@ -205,6 +217,7 @@ impl Default for Metrics {
             table_file_bytes,
             read_pages_bytes,
             raft_inbound_bytes,
+            rendering: Mutex::new(()),
         }
     }
 }
@@ -223,8 +236,17 @@ impl Metrics {
         self.publishes[outcome as usize].inc_by(n);
     }
 
-    /// The text exposition, with state gauges refreshed from `app`.
-    pub fn render(&self, app: &App) -> String {
+    /// The most bytes [`Metrics::render`] can produce with `topics` active topics: the body is
+    /// reserved in the read budget before it is built.
+    pub fn rendered_bytes_max(topics: usize) -> usize {
+        METRICS_FIXED_BYTES_MAX + topics * METRICS_TOPIC_LINE_BYTES_MAX
+    }
+
+    /// The text exposition, with state gauges refreshed from `app`; `reserved` is what this
+    /// render holds of the read-pages budget for its own body, left out of the budget's gauge.
+    /// Blocking: with many topics it takes milliseconds, and one render waits for another.
+    pub fn render(&self, app: &App, reserved: usize) -> String {
+        let _one_at_a_time = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
         {
             let m = app.raft.metrics();
             let m = m.borrow();
@@ -236,7 +258,6 @@ impl Metrics {
             // Entries after the last purged one; with none purged, from index 0.
             let first = m.purged.map_or(0, |purged| purged.index + 1);
             self.log_entries.set(m.last_log_index.map_or(0, |last| (last + 1).saturating_sub(first)));
-            self.follower_lag.clear();
             for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
                 self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
@@ -245,9 +266,10 @@ impl Metrics {
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.log_bytes.set(app.log_files.bytes());
         self.subscribers.set(app.subscription_count() as i64);
-        self.read_pages_bytes.set(app.read_pages.held() as u64);
+        let places_free = app.publishing_connections.available_permits();
+        self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);
+        self.read_pages_bytes.set(app.read_pages.held().saturating_sub(reserved) as u64);
         self.raft_inbound_bytes.set(app.raft_inbound.held() as u64);
-        self.topic_sequence.clear();
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);
         }
@@ -258,6 +280,10 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        // Filled afresh by the next render (deleted topics and gone followers drop out), and
+        // not held in between: with 100,000 topics that is megabytes.
+        self.topic_sequence.clear();
+        self.follower_lag.clear();
         out
     }
 }

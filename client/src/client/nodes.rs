@@ -1,6 +1,7 @@
 //! What the client knows about the cluster's nodes: the known addresses, the cached leader,
 //! the round-robin position.
 
+use std::collections::HashSet;
 use std::sync::MutexGuard;
 
 use url::Url;
@@ -11,7 +12,7 @@ use crate::types::ClusterInfo;
 
 impl Nodes {
     /// Where the round robin stands, within `known`. `known` is never empty: `with_config`
-    /// refuses an empty seed list and nothing removes.
+    /// refuses an empty seed list and the seeds always stay.
     fn position(&self) -> usize {
         self.next % self.known.len().max(1)
     }
@@ -63,22 +64,37 @@ impl Client {
         }
     }
 
-    /// Adds the peers of a `/cluster` answer and caches the leader it names.
+    /// Makes the known nodes the seeds plus the peers and leader of a `/cluster` answer, and
+    /// caches the leader it names. Learned addresses are replaced, not added to: a node that
+    /// left the cluster's membership is forgotten, and reads and reconnects stop spending
+    /// attempts on it. The seeds stay, so the client can always ask the cluster again.
     pub(super) fn learn(&self, info: &ClusterInfo) {
+        let leader = info.leader_address.as_deref().and_then(|a| endpoint::parse_base(a).ok());
+        let learned = info.peers.iter().filter_map(|peer| endpoint::parse_base(peer).ok());
         let mut nodes = self.lock_nodes();
-        for peer in &info.peers {
-            if let Ok(url) = endpoint::parse_base(peer) {
-                if !nodes.known.contains(&url) {
-                    nodes.known.push(url);
-                }
+        let upcoming = nodes.known[nodes.position()].clone();
+        let mut known = nodes.seeds.clone();
+        for url in learned.chain(leader.clone()) {
+            if !known.contains(&url) {
+                known.push(url);
             }
         }
-        if let Some(leader) = info.leader_address.as_deref().and_then(|a| endpoint::parse_base(a).ok()) {
-            if !nodes.known.contains(&leader) {
-                nodes.known.push(leader.clone());
-            }
+        // The round robin goes on from the node it would have given next, wherever that now
+        // stands; a forgotten one leaves the position as it is (`position` wraps it).
+        if let Some(index) = known.iter().position(|url| *url == upcoming) {
+            nodes.next = index;
+        }
+        nodes.known = known;
+        if let Some(leader) = leader {
             nodes.leader = Some(leader);
         }
+    }
+
+    /// Whether every known node is in `nodes`: a refusal that a lagging node gives is the
+    /// cluster's answer only then. Counting is not enough now that the list changes: a node
+    /// that denied and then left the cluster would stand in for one never asked.
+    pub(crate) fn every_node_in(&self, nodes: &HashSet<Url>) -> bool {
+        self.lock_nodes().known.iter().all(|node| nodes.contains(node))
     }
 
     /// Records a `leader_change` frame's leader address in the cache.

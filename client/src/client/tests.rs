@@ -548,6 +548,44 @@ async fn reads_fail_over_to_the_next_node_and_learn_its_peers() {
     assert!(client.nodes().contains(&"http://10.9.9.9:8080/".to_string()));
 }
 
+/// The node list follows the cluster: each `/cluster` answer replaces the learned addresses
+/// with its peers and leader, so a node that left the membership is no longer tried; the seeds
+/// stay. The round robin goes on from the node it would have given next, and never indexes
+/// past a list that shrank.
+#[test]
+fn learned_nodes_follow_the_latest_cluster_answer_and_the_seeds_stay() {
+    let answer = |leader: &str, peers: &[&str]| -> ClusterInfo {
+        match serde_json::from_value(cluster_body("node-2", Some(leader), peers)) {
+            Ok(info) => info,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let url = |host: &str| format!("http://{host}:8080/");
+    let client = fast_client(&["10.0.0.1:8080"]);
+    client.learn(&answer("10.0.0.2:8080", &["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"]));
+    assert_eq!(client.nodes(), ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"].map(url));
+    for host in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        assert_eq!(client.next_node().as_str(), url(host));
+    }
+
+    // 10.0.0.3 left; the leader is outside the peers the answer lists.
+    client.learn(&answer("10.0.0.5:8080", &["10.0.0.2:8080", "10.0.0.4:8080"]));
+    assert_eq!(client.nodes(), ["10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.5"].map(url));
+    assert_eq!(client.cached_leader(), Some(url("10.0.0.5")));
+    assert_eq!(client.next_node().as_str(), url("10.0.0.4"), "the round robin skipped or repeated a node");
+
+    // A leader named by a `leader_change` frame is added until the next answer.
+    client.learn_leader_address("10.0.0.9:8080");
+    assert_eq!(client.nodes().last(), Some(&url("10.0.0.9")));
+
+    // Shrunk below the round-robin position: no panic, and both nodes in turn.
+    client.learn(&answer("10.0.0.6:8080", &["10.0.0.6:8080"]));
+    assert_eq!(client.nodes(), ["10.0.0.1", "10.0.0.6"].map(url));
+    let mut turns: Vec<String> = (0..2).map(|_| client.next_node().to_string()).collect();
+    turns.sort();
+    assert_eq!(turns, ["10.0.0.1", "10.0.0.6"].map(url));
+}
+
 #[tokio::test]
 async fn batch_fills_missing_ids_and_keeps_them_across_retries() {
     let hits = seen();

@@ -306,6 +306,86 @@ async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
     assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, vec![None, None]);
 }
 
+/// A first frame that parses but is not `subscribed` confirms no start cursor either: that
+/// connection fails the same way. Taken as the start, it left a `latest` subscription without a
+/// confirmed cursor.
+#[tokio::test]
+async fn a_first_frame_other_than_subscribed_is_a_failed_connection_not_a_start() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
+        if n == 0 {
+            send(&mut socket, msg(11)).await;
+            let _ = socket.send(AxMessage::Close(None)).await;
+        } else {
+            send(&mut socket, sub_frame(10)).await;
+            send(&mut socket, msg(11)).await;
+            send(&mut socket, deleted()).await;
+        }
+    })
+    .await;
+    let sub = subscribe_latest(&fast_client(&[&node])).await;
+    assert_eq!(sub.subscribed_cursor(), Some(10));
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events), vec!["11", "deleted"]);
+    assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, vec![None, None]);
+}
+
+/// A message frame cut short, as a faulty proxy would pass it on.
+const GARBLED: &str = r#"{"type":"message","id":"m2","topic":"t","sequ"#;
+
+/// A frame that does not parse mid-stream is read again: the connection is replaced by one
+/// resuming after the last delivered message, where it parses. Read past instead, it was lost:
+/// a protocol error, then a gap before the next message.
+#[tokio::test]
+async fn a_frame_garbled_once_is_read_again_without_an_error_or_a_gap() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
+        if n == 0 {
+            send(&mut socket, sub_frame(0)).await;
+            send(&mut socket, msg(1)).await;
+            let _ = socket.send(AxMessage::Text(GARBLED.into())).await;
+            send(&mut socket, msg(3)).await;
+        } else {
+            send(&mut socket, sub_frame(1)).await;
+            send(&mut socket, msg(2)).await;
+            send(&mut socket, msg(3)).await;
+            send(&mut socket, deleted()).await;
+        }
+    })
+    .await;
+    let sub = subscribe_from_start(&fast_client(&[&node])).await;
+    let events = collect(sub, false).await;
+    assert_eq!(sequences(&events), vec!["1", "2", "3", "deleted"]);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(log.cursors, vec![Some("0".to_string()), Some("1".to_string())]);
+}
+
+/// A frame that never parses (a server of another version) is read again a bounded number of
+/// times, then reported as a protocol error and read past: the stream goes on, with the gap it
+/// left, instead of reconnecting forever.
+#[tokio::test]
+async fn a_frame_that_never_parses_is_reported_after_the_bounded_rereads_and_the_stream_goes_on() {
+    let log = Shared::default();
+    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
+        send(&mut socket, sub_frame(if n == 0 { 0 } else { 1 })).await;
+        send(&mut socket, msg(1)).await;
+        let _ = socket.send(AxMessage::Text(GARBLED.into())).await;
+        send(&mut socket, msg(3)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let sub = subscribe_from_start(&fast_client(&[&node])).await;
+    let events = collect(sub, false).await;
+    let seen = sequences(&events);
+    assert!(matches!(events.get(1), Some(Err(Error::Protocol { .. }))), "{seen:?}");
+    assert_eq!(seen[..1], ["1"], "{seen:?}");
+    assert_eq!(seen[2..], ["gap 1->3", "3", "deleted"], "{seen:?}");
+    let rereads = limits::SUBSCRIPTION_UNPARSED_REREADS_MAX as usize;
+    let mut cursors = vec![Some("0".to_string())];
+    cursors.extend(std::iter::repeat_n(Some("1".to_string()), rereads));
+    assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, cursors);
+}
+
 #[tokio::test]
 async fn latest_subscription_resumes_from_the_cursor_the_server_confirmed() {
     let log = Shared::default();

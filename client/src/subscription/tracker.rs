@@ -56,15 +56,19 @@ impl Tracker {
         }
     }
 
+    /// A `subscribed` frame's effective cursor. On the first connect of a Latest or Acked
+    /// subscription it is where the stream starts; afterwards the cursor is ours.
+    pub(crate) fn on_subscribed(&mut self, cursor: u64) {
+        if self.last_delivered.is_none() {
+            self.last_delivered = Some(cursor);
+        }
+    }
+
     pub(crate) fn on_frame(&mut self, frame: ServerFrame) -> Step {
         match frame {
             ServerFrame::Message(message) => self.on_message(message),
             ServerFrame::Control(ControlFrame::Subscribed { cursor }) => {
-                // On a reconnect the cursor is ours; on the first connect of a Latest or
-                // Acked subscription it is where the stream starts.
-                if self.last_delivered.is_none() {
-                    self.last_delivered = Some(cursor);
-                }
+                self.on_subscribed(cursor);
                 Step::Skip
             }
             ServerFrame::Control(ControlFrame::MessagesExpired { requested_cursor, first_available_sequence }) => {

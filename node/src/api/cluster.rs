@@ -4,13 +4,16 @@ use std::sync::atomic::Ordering;
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
-use axum::Json;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use openraft::ServerState;
 use serde_json::{json, Value};
 
+use super::messages::reserve;
 use crate::app::{Leadership, SharedApp};
 use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::serve::ClientAddr;
 
 pub fn role(state: ServerState) -> &'static str {
     match state {
@@ -75,6 +78,19 @@ pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError
     Ok(Json(json!({"status": "ready", "last_applied": applied, "commit_index": committed})))
 }
 
-pub async fn metrics(State(app): State<SharedApp>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.render(&app))
+/// The body (one series per topic: megabytes with many) counts against the read-pages budget
+/// and its client's share until sent, as `GET /topics` does, and is built off the async
+/// workers.
+pub async fn metrics(
+    State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
+) -> Result<Response, ApiError> {
+    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    let room = reserve(&app, client, Metrics::rendered_bytes_max(app.reader.topic_count())).await?;
+    let (rendering, reserved) = (app.clone(), room.bytes());
+    let body = tokio::task::spawn_blocking(move || rendering.metrics.render(&rendering, reserved))
+        .await
+        .map_err(|e| ApiError::Internal(format!("rendering the metrics failed: {e}")))?;
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    Ok(([(header::CONTENT_TYPE, content_type)], room.hold(body.into_bytes())).into_response())
 }

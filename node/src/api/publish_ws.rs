@@ -34,7 +34,7 @@ use crate::app::SharedApp;
 use crate::budget::ByteBudget;
 use crate::error::ApiError;
 use crate::limits::{
-    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX,
+    PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_CONNECTIONS_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX,
     PUBLISH_WS_FRAME_READ_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX, PUBLISH_WS_IDLE_TIMEOUT,
     PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_PING_INTERVAL, PUBLISH_WS_REF_BYTES_MAX,
     PUBLISH_WS_SEND_TIMEOUT,
@@ -70,11 +70,18 @@ pub async fn upgrade(
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &topic)?;
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
+    // Taken before the upgrade, so that concurrent upgrades cannot overshoot.
+    let place = app.publishing_connections.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!("this node already serves {PUBLISH_WS_CONNECTIONS_MAX} publishing connections"))
+    })?;
     Ok(upgrade
         .max_message_size(PUBLISH_BODY_BYTES_MAX)
         .max_frame_size(PUBLISH_WS_FRAME_READ_BYTES_MAX)
         .read_buffer_size(PUBLISHER_READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| serve(app, socket, topic))
+        .on_upgrade(move |socket| async move {
+            serve(app, socket, topic).await;
+            drop(place);
+        })
         .into_response())
 }
 
