@@ -18,7 +18,8 @@
 #   COMPOSE_PROJECT_NAME   the compose project           (default: pubsub)
 #   PUBSUB_PORT_1..3       host ports of node1..node3    (default: 8081..8083)
 #   PUBSUB_HOST_IP         the host address they are published on (default: 127.0.0.1)
-#   PUBSUB_CLUSTER_SECRET  the shared Raft secret (set it: compose has an insecure default)
+#   PUBSUB_CLUSTER_SECRET  the shared Raft secret (compose has a public default, refused by
+#                          `up` when PUBSUB_HOST_IP is not a loopback address)
 set -euo pipefail
 
 DEPLOY=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -85,6 +86,13 @@ local_base() {
     libs=$(ldd "$BIN_DIR/pubsub-node" "$BIN_DIR/pubsub-probe" |
         awk '/^\t/ && $2 == "=>" && $3 ~ /^\// { print $3 } /^\t/ && $1 ~ /^\// { print $1 }' | sort -u)
     [ -n "$libs" ] || die "ldd found no libraries: are the binaries dynamically linked for this host?"
+    # glibc before 2.34 loads its name-service modules at run time, so ldd does not list them,
+    # and without them peer names (node2) would not resolve. Later glibc has them built in.
+    local libc_dir nss
+    libc_dir=$(dirname "$(echo "$libs" | grep '/libc\.so\.6$' | head -n1)")
+    for nss in "$libc_dir"/libnss_files.so.2 "$libc_dir"/libnss_dns.so.2 "$libc_dir"/libresolv.so.2; do
+        if [ -e "$nss" ]; then libs=$(printf '%s\n%s' "$libs" "$nss" | sort -u); fi
+    done
     for lib in $libs; do
         mkdir -p "$root$(dirname "$lib")"
         cp -L "$lib" "$root$lib"
@@ -139,6 +147,13 @@ image() {
 }
 
 up() {
+    # Each node's /raft shares its published client port: beyond loopback, the compose file's
+    # public default secret would let anyone who reaches the port act as a peer.
+    case "${PUBSUB_HOST_IP:-127.0.0.1}" in
+    127.* | localhost | ::1) ;;
+    *) [ -n "${PUBSUB_CLUSTER_SECRET:-}" ] ||
+        die "PUBSUB_HOST_IP=${PUBSUB_HOST_IP} publishes the nodes beyond this host: set PUBSUB_CLUSTER_SECRET (e.g. \$(openssl rand -hex 16)), the same for every node" ;;
+    esac
     compose up -d
     echo "==> waiting for /ready on ports ${PORTS[*]}"
     local deadline=$((SECONDS + READY_TIMEOUT_S)) port ready

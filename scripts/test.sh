@@ -2,7 +2,8 @@
 # Runs every test of the project: unit tests, openraft's storage suite, multi-process
 # cluster tests, the deterministic simulation (its CI seeds) and the Docker fault tests.
 # It installs what it needs (a C/C++ toolchain and libclang for RocksDB, docker-compose when
-# the Docker engine has no compose) and fails loudly on the first failing test.
+# the Docker engine has no compose) and fails loudly: every test runs, each failure is printed,
+# and any failure makes the script exit non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

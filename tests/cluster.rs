@@ -475,6 +475,42 @@ async fn a_data_dir_given_to_another_node_id_is_refused() {
     drop(c);
 }
 
+/// `--peers` names a cluster only when it is first started: a data dir that holds a cluster of
+/// other voters (a single node's `./data/node-1` reused for a three-node cluster, say) refuses
+/// the start with one line naming both, instead of running the old cluster while the operator
+/// believes the new one formed; the same voters start again.
+#[tokio::test]
+async fn a_data_dir_of_a_cluster_with_other_voters_is_refused() {
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    create_topic(&c, "t").await;
+    let data_dir = c.nodes[0].data_dir.clone();
+    let c = tokio::task::spawn_blocking(move || {
+        assert_eq!(c.terminate(0), Some(0));
+        c
+    })
+    .await
+    .unwrap();
+    let ports = pubsub_tests::free_ports(3);
+    let peers = format!("1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}", ports[0], ports[1], ports[2]);
+    let out = std::process::Command::new(pubsub_tests::node_binary())
+        .args(["--id", "1", "--listen", &format!("127.0.0.1:{}", ports[0]), "--peers", &peers])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .expect("the node runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("holds a cluster whose voters are node-1, but --peers names node-1, node-2, node-3"),
+        "{stderr}"
+    );
+    // Untouched: the node it belongs to starts on it again.
+    let mut c = c;
+    c.restart(0);
+    create_topic(&c, "u").await;
+    drop(c);
+}
+
 /// A single-node cluster of its own, as node `id` at `addr` on `data_dir`; killed when dropped.
 struct Stranger(std::process::Child);
 

@@ -93,6 +93,10 @@ pub enum ConfigError {
     ClientAddresses(String),
     #[error("--advertise {0:?} is not HOST:PORT")]
     Advertise(String),
+    #[error(
+        "--listen on port 0 needs --advertise or --peers: peers and clients must be told a port to reach this node at"
+    )]
+    ListenPortZero,
     #[error("--advertise {advertise:?} is not this node's --peers entry {peer:?}: leave it out, or make them one (--client-addresses names where clients reach a node)")]
     AdvertiseNotPeer { advertise: String, peer: String },
     #[error(
@@ -143,6 +147,7 @@ impl Config {
             }
             (Some(a), _) => a.clone(),
             (None, Some(p)) => p.clone(),
+            (None, None) if flags.listen.port() == 0 => return Err(ConfigError::ListenPortZero),
             (None, None) => format!("127.0.0.1:{}", flags.listen.port()),
         };
         if !is_host_port(&advertise) {
@@ -278,6 +283,14 @@ mod tests {
             let refused = Config::from_flags(flags(&[&peers[..], &["--client-addresses", bad]].concat()));
             assert!(matches!(refused, Err(ConfigError::ClientAddresses(_))), "{bad}: {refused:?}");
         }
+    }
+
+    #[test]
+    fn listening_on_port_0_needs_an_address_to_advertise() {
+        let refused = Config::from_flags(flags(&["--listen", "127.0.0.1:0"]));
+        assert!(matches!(refused, Err(ConfigError::ListenPortZero)), "{refused:?}");
+        let c = Config::from_flags(flags(&["--listen", "127.0.0.1:0", "--advertise", "h:9"])).unwrap();
+        assert_eq!(c.advertise, "h:9");
     }
 
     #[test]

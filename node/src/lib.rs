@@ -52,11 +52,19 @@ use crate::raft::network::{Introduction, Network, PeerPool};
 pub enum NodeError {
     #[error("data dir {path}: {source}")]
     DataDir { path: String, source: raft_store::StoreError },
+    #[error(
+        "data dir {path} holds a cluster whose voters are {stored}, but --peers names {given}: --peers is read only \
+         when a cluster is first started; give a new --data-dir to start another cluster"
+    )]
+    OtherVoters { path: String, stored: String, given: String },
     #[error("raft: {0}")]
     Raft(String),
     #[error("serve: {0}")]
     Serve(#[from] std::io::Error),
 }
+
+/// The secret deploy/docker-compose.yml uses when none is set: public, so warned about.
+const COMPOSE_DEFAULT_SECRET: &str = "pubsub-insecure-default-secret";
 
 /// Runs the node until `shutdown` resolves, then stops accepting, closes subscriptions
 /// (code 1001), stops Raft and flushes storage.
@@ -92,7 +100,11 @@ where
         Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-    bootstrap(&config, &raft).await?;
+    if let Err(e) = bootstrap(&config, &raft).await {
+        // Nothing was served: stop the core, which closes the stores it owns, and say why.
+        let _ = raft.shutdown().await;
+        return Err(e);
+    }
 
     let app = Arc::new(App {
         config: config.clone(),
@@ -127,11 +139,18 @@ where
                    data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
     // change its log just the same.
-    if config.cluster_secret.is_none() && (config.peers.len() > 1 || !config.listen.ip().is_loopback()) {
-        tracing::warn!(
-            "no --cluster-secret: anyone who reaches this port can act as a cluster peer (vote, replicate, write); \
-             set the same secret on every node"
-        );
+    if config.peers.len() > 1 || !config.listen.ip().is_loopback() {
+        match config.cluster_secret.as_deref() {
+            None => tracing::warn!(
+                "no --cluster-secret: anyone who reaches this port can act as a cluster peer (vote, replicate, \
+                 write); set the same secret on every node"
+            ),
+            Some(COMPOSE_DEFAULT_SECRET) => tracing::warn!(
+                "--cluster-secret is deploy/docker-compose.yml's public default: anyone who reaches this port \
+                 can act as a cluster peer; set PUBSUB_CLUSTER_SECRET unless the port is published on loopback only"
+            ),
+            Some(_) => {}
+        }
     }
     let token = app.shutdown.clone();
     let raft_stopped = Arc::new(AtomicBool::new(false));
@@ -202,20 +221,37 @@ async fn core_stopped(raft: &Raft) {
 }
 
 /// The membership a cluster runs with is the one in its log, set when it was first started;
-/// `--peers` only names it then. A list changed since is not applied: say so, rather than let
-/// an operator believe a node was added, removed or moved.
-fn warn_if_peers_differ(config: &Config, raft: &Raft) {
+/// `--peers` only names it then. Other voters than the log's refuse the start: the node would
+/// run the old cluster (alone, or waiting for a quorum that never comes) while the operator
+/// believes it formed the new one, typically a single node's `./data/node-1` reused for a
+/// three-node cluster or the other way round. Moved addresses of the same voters are only
+/// warned about: Raft keeps dialling the stored ones.
+fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     let metrics = raft.metrics();
     let metrics = metrics.borrow();
     let membership = metrics.membership_config.membership();
     let stored: BTreeMap<u64, String> = membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
-    if !stored.is_empty() && stored != config.peers {
-        tracing::warn!(
-            stored = ?stored, given = ?config.peers,
-            "--peers differs from the membership in this node's log, which is what the cluster runs with; \
-             --peers is read only when a cluster is first started"
-        );
+    if stored.is_empty() || stored == config.peers {
+        return Ok(());
     }
+    if !stored.keys().eq(config.peers.keys()) {
+        return Err(NodeError::OtherVoters {
+            path: config.data_dir.display().to_string(),
+            stored: voter_list(stored.keys()),
+            given: voter_list(config.peers.keys()),
+        });
+    }
+    tracing::warn!(
+        stored = ?stored, given = ?config.peers,
+        "--peers gives other addresses than the membership in this node's log, which is what the cluster \
+         runs with; --peers is read only when a cluster is first started"
+    );
+    Ok(())
+}
+
+/// `node-1, node-2` for error messages.
+fn voter_list<'a>(ids: impl Iterator<Item = &'a u64>) -> String {
+    ids.map(|id| format!("node-{id}")).collect::<Vec<_>>().join(", ")
 }
 
 /// First start of a fresh cluster: the node with the smallest id initializes it with every
@@ -223,8 +259,7 @@ fn warn_if_peers_differ(config: &Config, raft: &Raft) {
 async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     let initialized = raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
     if initialized {
-        warn_if_peers_differ(config, raft);
-        return Ok(());
+        return check_peers(config, raft);
     }
     if !config.is_bootstrapper() {
         return Ok(());

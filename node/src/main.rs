@@ -73,20 +73,23 @@ async fn node_main(delivery: tokio::runtime::Handle) {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY or keepalive on an accepted connection");
         }
     });
-    if let Err(e) = pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown_signal()).await {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    let code = match pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown_signal()).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    };
     // `run` returned only after RocksDB was closed and everything was flushed. Exit without
     // running C++ static destructors: RocksDB's process-wide thread pool can still be tearing
     // down, and destroying its mutexes under it aborts the process ("pthread lock: Invalid
-    // argument") instead of exiting 0.
+    // argument") instead of exiting with `code`.
     use std::io::Write;
     let _ = std::io::stderr().flush();
     let _ = std::io::stdout().flush();
     // SAFETY: _exit ends the process at once; nothing runs after it, so no Rust invariant can
     // be observed broken.
-    unsafe { libc::_exit(0) }
+    unsafe { libc::_exit(code) }
 }
 
 /// SIGTERM or Ctrl-C.

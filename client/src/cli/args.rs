@@ -11,8 +11,8 @@ use crate::types::AckMode;
 
 /// Talk to a pub/sub cluster: topics, publish, subscribe, benchmark.
 ///
-/// Exit codes: 0 ok, 1 the server refused (its error code is printed), 2 usage,
-/// 3 cluster unreachable or without a leader after retries.
+/// Exit codes: 0 ok, 1 the server refused (its error code is printed), 2 usage (or an input
+/// line that cannot be read), 3 cluster unreachable or without a leader after retries.
 #[derive(Debug, Parser)]
 #[command(name = "pubsub", version, max_term_width = 100)]
 pub struct Args {
@@ -174,7 +174,7 @@ pub struct SubscribeArgs {
     /// recorded cursors (10,000 at most) for good.
     #[arg(long, requires = "subscriber_id")]
     pub ack: bool,
-    /// Exit after this many messages.
+    /// Exit after this many messages (exit 1 when the topic is deleted before they came).
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
 }
@@ -187,7 +187,7 @@ pub struct TailArgs {
     /// Subscriber id (default: a generated one).
     #[arg(long)]
     pub subscriber_id: Option<String>,
-    /// Exit after this many messages.
+    /// Exit after this many messages (exit 1 when the topic is deleted before they came).
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
 }

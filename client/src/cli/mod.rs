@@ -2,7 +2,8 @@
 //! its own file and gets a [`Client`] and an [`Output`].
 //!
 //! Exit codes: 0 ok, 1 the server said no (its error code and message are printed),
-//! 2 usage (clap's own code), 3 the cluster was unreachable or had no leader after retries.
+//! 2 usage (clap's own code; also input that cannot be used, such as a line that is not
+//! UTF-8), 3 the cluster was unreachable or had no leader after retries.
 
 pub mod args;
 mod bench;
@@ -28,7 +29,7 @@ pub use output::Output;
 pub const EXIT_OK: u8 = 0;
 /// Exit code: the server refused (or answered something unusable).
 pub const EXIT_REFUSED: u8 = 1;
-/// Exit code: the command line was wrong (clap uses 2 too).
+/// Exit code: the command line was wrong (clap uses 2 too), or its input could not be used.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: no node could be reached, or no leader emerged, within the retry budget.
 pub const EXIT_UNREACHABLE: u8 = 3;
@@ -42,7 +43,8 @@ pub enum CliError {
     /// The arguments make no sense together, or input could not be used.
     #[error("{0}")]
     Usage(String),
-    /// Reading input or writing output failed.
+    /// Writing output failed (or another local I/O error; an input line that cannot be read
+    /// is [`CliError::Usage`], naming the line).
     #[error("{0}")]
     Io(#[from] std::io::Error),
     /// The server accepted the request but refused part of it.

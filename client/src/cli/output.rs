@@ -59,6 +59,17 @@ impl Output {
         }
     }
 
+    /// A notice that must reach `--json` callers too: `text` for people, or `value` as one
+    /// JSON line, both on stderr (stdout keeps the command's results alone). For what a
+    /// caller needs in order to act, such as the ids to publish a failed batch again under.
+    pub fn notice(&self, text: &str, value: &Value) {
+        if self.json {
+            eprintln!("{value}");
+        } else {
+            eprintln!("{text}");
+        }
+    }
+
     /// Reports an error on stderr: `error: CODE (STATUS): MESSAGE`, or a JSON object.
     pub fn error(&self, error: &CliError) {
         if self.json {

@@ -33,17 +33,7 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
             if args.id.is_some() {
                 return Err(CliError::Usage("--id names one message; it cannot be used with `-`".into()));
             }
-            let stdin = std::io::stdin();
-            // One publish per line as lines arrive, so `producer | pubsub publish t -`
-            // streams instead of waiting for the end of input.
-            for line in stdin.lock().lines() {
-                let line = line?;
-                let Some(message) = lines.next(&line) else {
-                    continue;
-                };
-                publish_one(client, output, &args.topic, message, ack).await.map_err(input_left_unpublished)?;
-            }
-            Ok(())
+            publish_lines(client, output, &args.topic, &mut std::io::stdin().lock(), &mut lines, ack).await
         }
         Some(_) if lines.id_prefix.is_some() => {
             Err(CliError::Usage("--id-prefix numbers input lines: use it with `-` or --batch (--id for one)".into()))
@@ -55,6 +45,30 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
         }
         None => Err(CliError::Usage("give a payload, `-` or --batch FILE".into())),
     }
+}
+
+/// Publishes each line of `input` (`publish -`) as it is read: one publish per line as lines
+/// arrive, so `producer | pubsub publish t -` streams instead of waiting for the end of input.
+/// A line that cannot be read stops it, saying which line and that the ones before it were
+/// published.
+pub(super) async fn publish_lines(
+    client: &Client,
+    output: &Output,
+    topic: &str,
+    input: &mut impl BufRead,
+    lines: &mut Lines,
+    ack: AckMode,
+) -> Result<(), CliError> {
+    // With `--id-prefix` the lines keep their ids on every run.
+    let rerun = lines.id_prefix.is_some().then_some("the same command again");
+    let mut line = String::new();
+    while lines.read_line(input, &mut line).map_err(|unreadable| unreadable.into_error(lines.read, rerun))? {
+        let Some(message) = lines.next(&line) else {
+            continue;
+        };
+        publish_one(client, output, topic, message, ack).await.map_err(input_left_unpublished)?;
+    }
+    Ok(())
 }
 
 /// Publishes one message and prints its ack. When the publish failed in a way that may still
@@ -108,10 +122,11 @@ fn input_left_unpublished(error: CliError) -> CliError {
     }
 }
 
-/// Whether a failed publish may have been stored anyway: an attempt's answer was lost or the
-/// cluster could not confirm it (the client says so with `Indeterminate`; attempts that never
-/// connected, and refusals, `4xx`, stored nothing).
-fn may_have_been_stored(error: &Error) -> bool {
+/// Whether a failed publish (one message or a batch) may have been stored anyway: an
+/// attempt's answer was lost or the cluster could not confirm it (the client says so with
+/// `Indeterminate`), or the server failed (`5xx`: `internal` too, which may come after the
+/// write). Attempts that never connected, and refusals, `4xx`, stored nothing.
+pub(super) fn may_have_been_stored(error: &Error) -> bool {
     match error {
         Error::Indeterminate { .. } => true,
         Error::Api(api) => api.status >= 500,
@@ -135,6 +150,17 @@ pub(super) struct Lines {
 }
 
 impl Lines {
+    /// Reads the next line of `input` into `line` (cleared first); false at the end of input.
+    /// A line that is not UTF-8, or a failed read, is an [`UnreadableLine`] naming its number.
+    pub(super) fn read_line(&self, input: &mut impl BufRead, line: &mut String) -> Result<bool, UnreadableLine> {
+        line.clear();
+        match input.read_line(line) {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(error) => Err(UnreadableLine { line: self.read + 1, error }),
+        }
+    }
+
     /// The message of the next line, `text`; `None` for a blank line.
     pub(super) fn next(&mut self, text: &str) -> Option<NewMessage> {
         self.read += 1;
@@ -144,13 +170,69 @@ impl Lines {
     }
 }
 
+/// An input line that could not be read: not UTF-8, or the read failed.
+#[derive(Debug)]
+pub(super) struct UnreadableLine {
+    /// Its number, from 1 (blank lines counted).
+    pub(super) line: u64,
+    pub(super) error: std::io::Error,
+}
+
+impl UnreadableLine {
+    /// The error to stop with: which line, and that the lines through `published_through`
+    /// were published and the others, this one and all after it, were not. `rerun` is the
+    /// command that publishes each line once after the input is fixed, when there is one.
+    /// Exit code 2 (usage): the input could not be used, and the server was not asked.
+    pub(super) fn into_error(self, published_through: u64, rerun: Option<&str>) -> CliError {
+        let line = self.line;
+        let mut text = format!("input line {line} could not be read ({}): ", self.error);
+        if published_through == 0 {
+            text.push_str("no line was published");
+        } else if published_through + 1 < line {
+            // Read for a batch that was never sent.
+            text.push_str(&format!(
+                "{} published; {}, line {line} and the lines after it were not",
+                lines_were(1, published_through),
+                lines_named(published_through + 1, line - 1)
+            ));
+        } else {
+            text.push_str(&format!(
+                "{} published; line {line} and the lines after it were not",
+                lines_were(1, published_through)
+            ));
+        }
+        if let (Some(rerun), 1..) = (rerun, published_through) {
+            text.push_str(&format!("; once the input is fixed, running {rerun} publishes each line once"));
+        }
+        CliError::Usage(text)
+    }
+}
+
+/// `line N` or `lines N-M`.
+fn lines_named(from: u64, to: u64) -> String {
+    if from == to {
+        format!("line {from}")
+    } else {
+        format!("lines {from}-{to}")
+    }
+}
+
+/// `line N was` or `lines N-M were`.
+fn lines_were(from: u64, to: u64) -> String {
+    let verb = if from == to { "was" } else { "were" };
+    format!("{} {verb}", lines_named(from, to))
+}
+
 /// Reads up to `max` messages (blank lines skipped); an empty result means end of input.
-pub(super) fn read_batch(reader: &mut impl BufRead, max: usize, lines: &mut Lines) -> std::io::Result<Vec<NewMessage>> {
+pub(super) fn read_batch(
+    reader: &mut impl BufRead,
+    max: usize,
+    lines: &mut Lines,
+) -> Result<Vec<NewMessage>, UnreadableLine> {
     let mut messages = Vec::new();
     let mut line = String::new();
     while messages.len() < max {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
+        if !lines.read_line(reader, &mut line)? {
             break;
         }
         if let Some(message) = lines.next(&line) {
@@ -185,25 +267,20 @@ async fn batch(
     let mut number = 0;
     loop {
         let answered_through = lines.read;
-        let messages = read_batch(&mut reader, BATCH_MESSAGES_MAX, &mut lines)?;
+        let messages = read_batch(&mut reader, BATCH_MESSAGES_MAX, &mut lines)
+            .map_err(|unreadable| unreadable.into_error(answered_through, Some(rerun)))?;
         if messages.is_empty() {
             break;
         }
         number += 1;
+        // Kept for the error: the batch's messages go to the client.
+        let ids: Vec<String> = messages.iter().filter_map(|m| m.id.clone()).collect();
         let ack = match client.publish_batch(topic, messages).await {
             Ok(ack) => ack,
             Err(error) => {
-                // Where to pick up: what was answered, and whether a rerun would repeat it.
-                let (from, to) = (answered_through + 1, lines.read);
-                let outcome = match error.may_have_taken_effect() {
-                    true => "may have been stored",
-                    false => "was not stored",
-                };
-                output.note(&format!(
-                    "batch {number} (lines {from}-{to}) {outcome}; the batches before it were answered: \
-                     running {rerun} publishes each line once"
-                ));
-                return Err(error.into());
+                let id_prefix = lines.id_prefix.as_deref().unwrap_or_default();
+                let failed = BatchFailed { number, lines: (answered_through + 1, lines.read), id_prefix, rerun };
+                return Err(failed.report(output, error, ids).into());
             }
         };
         let counts = count(&ack);
@@ -220,6 +297,51 @@ async fn batch(
         return Err(CliError::Refused(format!("{failed} messages were refused (see the batch results)")));
     }
     Ok(())
+}
+
+/// A batch whose publish failed: which one, its lines, and how to publish them again.
+pub(super) struct BatchFailed<'a> {
+    /// Its number, from 1.
+    pub(super) number: usize,
+    /// Its first and last input lines.
+    pub(super) lines: (u64, u64),
+    /// The prefix of its ids (the generated one when `--id-prefix` was not given).
+    pub(super) id_prefix: &'a str,
+    /// The command that publishes each line once.
+    pub(super) rerun: &'a str,
+}
+
+impl BatchFailed<'_> {
+    /// Says where to pick up (on stderr, with `--json` too: without the generated prefix the
+    /// batch cannot be published again under the same ids) and returns the error to exit
+    /// with: `Indeterminate` naming the batch's `ids` when it may have been stored, as for a
+    /// single publish.
+    pub(super) fn report(&self, output: &Output, error: Error, ids: Vec<String>) -> Error {
+        let (text, value) = self.notice(&error);
+        output.notice(&text, &value);
+        match error {
+            Error::Api(_) if may_have_been_stored(&error) => {
+                Error::Indeterminate { id: None, ids, source: Box::new(error) }
+            }
+            other => other,
+        }
+    }
+
+    /// The notice for people, and the same as a JSON object (a stderr warning, as `tail
+    /// --json` gives).
+    pub(super) fn notice(&self, error: &Error) -> (String, serde_json::Value) {
+        let BatchFailed { number, lines: (from, to), id_prefix, rerun } = *self;
+        let maybe_stored = may_have_been_stored(error);
+        let outcome = if maybe_stored { "may have been stored" } else { "was not stored" };
+        let text = format!(
+            "batch {number} (lines {from}-{to}) {outcome}; the batches before it were answered: \
+             running {rerun} publishes each line once"
+        );
+        let value = serde_json::json!({"type": "warning", "error": "batch_failed", "message": text,
+            "batch": number, "first_line": from, "last_line": to, "maybe_stored": maybe_stored,
+            "id_prefix": id_prefix});
+        (text, value)
+    }
 }
 
 /// (published, duplicates, failed) of one batch.

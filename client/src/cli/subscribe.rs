@@ -71,6 +71,7 @@ fn generated_id() -> String {
 }
 
 /// Prints events until the count is reached, the topic is deleted, Ctrl-C, or a fatal error.
+/// With a count, a stream that ends before it (the topic deleted) is a failure.
 async fn follow(
     client: &Client,
     output: &Output,
@@ -116,7 +117,7 @@ async fn print_events(
             event = sub.next() => event,
         };
         match event {
-            None => return Ok(()),
+            None => return ended_before_count(count, printed, &format!("the subscription to {} ended", sub.topic())),
             Some(Ok(Event::Message(message))) => {
                 match (show, output.json) {
                     (Show::Payload, _) => output.line(&message.payload.to_string())?,
@@ -175,7 +176,7 @@ async fn print_events(
                 if output.json && show == Show::Full {
                     output.json_line(&json!({"type": "topic_deleted", "topic": sub.topic()}))?;
                 }
-                return Ok(());
+                return ended_before_count(count, printed, &format!("topic {} was deleted", sub.topic()));
             }
             // The stream goes on after these; say so and keep printing.
             Some(Err(error @ (Error::SequenceGap { .. } | Error::Protocol { .. }))) => {
@@ -187,6 +188,16 @@ async fn print_events(
             }
             Some(Err(error)) => return Err(error.into()),
         }
+    }
+}
+
+/// The outcome of a stream that ended (`why`) after `printed` messages: fine without a count
+/// (following until the topic goes is all that was asked), a refusal (exit 1) with a count
+/// not reached, since fewer messages came than the caller waits for.
+pub(super) fn ended_before_count(count: Option<u64>, printed: u64, why: &str) -> Result<(), CliError> {
+    match count {
+        Some(count) if printed < count => Err(CliError::Refused(format!("{why} after {printed} of {count} messages"))),
+        _ => Ok(()),
     }
 }
 

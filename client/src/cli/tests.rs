@@ -318,3 +318,215 @@ fn a_read_page_past_a_retention_gap_says_which_messages_expired() {
     assert_eq!(super::subscribe::expired_before(10, 4), None, "a cursor inside the retained range");
     assert_eq!(super::subscribe::expired_before(0, 0), None, "a server that does not say");
 }
+
+// ----- against an in-process node --------------------------------------------------
+
+/// A node that leads and answers POSTs to `path` with `answer(body)`, counting them.
+async fn leader_answering(
+    path: &'static str,
+    answer: fn(&serde_json::Value) -> axum::response::Response,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let posts = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = posts.clone();
+    let node = crate::test_support::serve_with(move |me| {
+        let cluster = crate::test_support::cluster_body("node-1", Some(&me), &[&me]);
+        axum::Router::new().route("/cluster", axum::routing::get(move || async move { axum::Json(cluster) })).route(
+            path,
+            axum::routing::post(move |body: axum::body::Bytes| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                answer(&serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+            }),
+        )
+    })
+    .await;
+    (node, posts)
+}
+
+/// Runs `argv` against `node` with one attempt per request, `--json`.
+async fn run_against(node: &str, argv: &[&str]) -> Result<(), CliError> {
+    let argv = [&["--server", node, "--attempts", "1", "--json"][..], argv].concat();
+    match tokio::time::timeout(Duration::from_secs(20), run(parsed(&argv), &Output::new(true))).await {
+        Ok(outcome) => outcome,
+        Err(_) => panic!("{argv:?} did not finish"),
+    }
+}
+
+/// A file of `text` in the temp directory, removed when dropped.
+struct TempInput(std::path::PathBuf);
+
+impl TempInput {
+    fn new(text: &str) -> TempInput {
+        let path = std::env::temp_dir().join(format!("pubsub-cli-test-{}.txt", uuid::Uuid::new_v4().simple()));
+        if let Err(e) = std::fs::write(&path, text) {
+            panic!("{}: {e}", path.display());
+        }
+        TempInput(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+impl Drop for TempInput {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A batch answered `500 internal` may have been stored, as a single publish answered so is:
+/// before, the batch path asked only `Indeterminate` and said "was not stored", and the error
+/// carried neither `maybe_stored` nor the batch's ids.
+#[tokio::test]
+async fn a_batch_answered_500_internal_may_have_been_stored_and_names_its_ids() {
+    let internal = Error::Api(ApiError::from_body(500, br#"{"error":"internal","message":"boom"}"#));
+    let failed = publish::BatchFailed { number: 2, lines: (1001, 2000), id_prefix: "p-", rerun: "again" };
+    let (text, value) = failed.notice(&internal);
+    assert!(text.contains("batch 2 (lines 1001-2000) may have been stored"), "{text}");
+    assert_eq!(value["maybe_stored"], true);
+    let refused = Error::Api(ApiError::from_body(404, br#"{"error":"topic_not_found","message":"no"}"#));
+    assert!(failed.notice(&refused).0.contains("was not stored"));
+
+    let (node, posts) = leader_answering("/topics/{name}/messages/batch", |_| {
+        crate::test_support::error_response(500, "internal", json!({}))
+    })
+    .await;
+    let input = TempInput::new("1\n\n3\n");
+    let error = match run_against(&node, &["publish", "t", "--batch", input.path()]).await {
+        Err(e) => e,
+        Ok(()) => panic!("a batch answered 500 succeeded"),
+    };
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 1, "500 internal is not retried");
+    assert_eq!(error.exit_code(), EXIT_REFUSED);
+    let j = output::error_json(&error);
+    assert_eq!(
+        (j["error"].as_str(), j["status"].as_u64(), j["maybe_stored"].as_bool()),
+        (Some("internal"), Some(500), Some(true)),
+        "{j}"
+    );
+    let ids: Vec<&str> = j["ids"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+    assert_eq!(ids.len(), 2, "{j}");
+    assert!(ids[0].ends_with("-1") && ids[1].ends_with("-3"), "ids are the prefix and the line number: {ids:?}");
+}
+
+/// With `--json` the note naming the generated prefix was dropped; without it a failed batch
+/// cannot be published again under the same ids. It is a JSON warning on stderr now.
+#[test]
+fn a_failed_batch_names_its_id_prefix_in_json_too() {
+    let failed = publish::BatchFailed {
+        number: 1,
+        lines: (1, 3),
+        id_prefix: "01a2-",
+        rerun: "the same command again with --id-prefix 01a2-",
+    };
+    let lost = Error::indeterminate(None, Error::NoLeader { attempts: 3, elapsed: Duration::from_secs(1) });
+    let (text, value) = failed.notice(&lost);
+    assert!(text.contains("running the same command again with --id-prefix 01a2- publishes each line once"), "{text}");
+    assert_eq!(
+        (value["type"].as_str(), value["error"].as_str(), value["id_prefix"].as_str()),
+        (Some("warning"), Some("batch_failed"), Some("01a2-")),
+        "{value}"
+    );
+    assert_eq!(
+        (value["batch"].as_u64(), value["first_line"].as_u64(), value["last_line"].as_u64()),
+        (Some(1), Some(1), Some(3))
+    );
+    assert_eq!(value["message"].as_str(), Some(text.as_str()));
+}
+
+/// `publish -` stopped at a line that is not UTF-8 with only `stream did not contain valid
+/// UTF-8` (exit 1): now it names the line, says the lines before it were published and it and
+/// the rest were not, and exits 2 (the input could not be used; the server said nothing).
+#[tokio::test]
+async fn an_unreadable_stdin_line_is_named_and_the_lines_before_it_were_published() {
+    let (node, posts) = leader_answering("/topics/{name}/messages", |body| {
+        use axum::response::IntoResponse;
+        let ack = json!({"id": body["id"], "topic": "t", "sequence": 1, "raft_index": 1, "committed": true});
+        (axum::http::StatusCode::CREATED, axum::Json(ack)).into_response()
+    })
+    .await;
+    let client = crate::test_support::fast_client(&[&node]);
+    let mut input = std::io::Cursor::new(b"{\"a\":1}\n\n3\n\xff\xfe\n5\n".to_vec());
+    let mut lines = publish::Lines { read: 0, id_prefix: None };
+    let outcome =
+        publish::publish_lines(&client, &Output::new(true), "t", &mut input, &mut lines, crate::AckMode::Committed)
+            .await;
+    let error = match outcome {
+        Err(e) => e,
+        Ok(()) => panic!("a line that is not UTF-8 was skipped"),
+    };
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 2, "lines 1 and 3, and nothing after line 4");
+    assert_eq!(error.exit_code(), EXIT_USAGE);
+    let text = output::error_text(&error);
+    assert!(text.starts_with("input line 4 could not be read ("), "{text}");
+    assert!(text.contains("lines 1-3 were published; line 4 and the lines after it were not"), "{text}");
+    assert_eq!(output::error_json(&error)["error"], "usage");
+
+    // The same in a batch file: the line is named, and so are the lines read for the batch
+    // that was never sent.
+    let mut input = std::io::Cursor::new(b"1\n2\n3\n\xff\n".to_vec());
+    let mut lines = publish::Lines { read: 0, id_prefix: Some("p-".into()) };
+    let first = publish::read_batch(&mut input, 2, &mut lines).unwrap_or_default();
+    assert_eq!(first.len(), 2);
+    let unreadable = match publish::read_batch(&mut input, 2, &mut lines) {
+        Err(e) => e,
+        Ok(batch) => panic!("read {} messages past a line that is not UTF-8", batch.len()),
+    };
+    assert_eq!(unreadable.line, 4);
+    let text = output::error_text(&unreadable.into_error(2, Some("the same command again")));
+    assert!(
+        text.contains("lines 1-2 were published; line 3, line 4 and the lines after it were not; once the input is fixed, running the same command again publishes each line once"),
+        "{text}"
+    );
+}
+
+/// A node whose subscription delivers message 1, then says the topic was deleted.
+async fn node_deleting_its_topic_after_one_message() -> String {
+    use axum::extract::ws::{Message as WsMessage, WebSocketUpgrade};
+    let frames = [
+        json!({"type": "control", "subtype": "subscribed", "topic": "t", "cursor": 0, "subscriber_id": "s"}),
+        json!({"type": "message", "id": "m1", "topic": "t", "sequence": 1, "payload": {"n": 1}, "timestamp": 1}),
+        json!({"type": "control", "subtype": "topic_deleted", "topic": "t"}),
+    ];
+    let app = axum::Router::new().route(
+        "/topics/{name}/subscribe",
+        axum::routing::get(move |ws: WebSocketUpgrade| {
+            let frames = frames.clone();
+            async move {
+                ws.on_upgrade(|mut socket| async move {
+                    for frame in frames {
+                        let _ = socket.send(WsMessage::Text(frame.to_string().into())).await;
+                    }
+                    while let Some(Ok(_)) = socket.recv().await {}
+                })
+            }
+        }),
+    );
+    crate::test_support::serve(app).await
+}
+
+/// `--count N` exited 0 when the topic was deleted after fewer than N messages; now it is a
+/// failure (exit 1) saying how many came. Without `--count`, or with it reached, the deletion
+/// ends the command as before: exit 0.
+#[tokio::test]
+async fn a_count_not_reached_before_the_topic_is_deleted_fails() {
+    let node = node_deleting_its_topic_after_one_message().await;
+    for argv in [&["subscribe", "t", "--cursor", "0", "--count", "3"][..], &["tail", "t", "--count", "3"]] {
+        match run_against(&node, argv).await {
+            Err(e) => {
+                assert_eq!(e.exit_code(), EXIT_REFUSED, "{argv:?}");
+                assert_eq!(output::error_text(&e), "topic t was deleted after 1 of 3 messages", "{argv:?}");
+            }
+            Ok(()) => panic!("{argv:?} succeeded with 1 of 3 messages"),
+        }
+    }
+    for argv in [&["subscribe", "t", "--cursor", "0"][..], &["subscribe", "t", "--count", "1"], &["tail", "t"]] {
+        if let Err(e) = run_against(&node, argv).await {
+            panic!("{argv:?}: {e}");
+        }
+    }
+    assert!(subscribe::ended_before_count(Some(2), 1, "the subscription to t ended").is_err());
+    assert!(subscribe::ended_before_count(Some(2), 2, "the subscription to t ended").is_ok());
+    assert!(subscribe::ended_before_count(None, 0, "the subscription to t ended").is_ok());
+}
