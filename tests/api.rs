@@ -521,10 +521,17 @@ async fn a_recorded_cursor_can_be_forgotten() {
         (&r.body["subscriber_id"], &r.body["acked_sequence"], &r.body["deleted"]),
         (&json!("gone"), &json!(2), &json!(true))
     );
-    let listed = get(&format!("{l}/topics/t/subscribers")).await.unwrap().body;
-    let ids: Vec<&str> =
-        listed["subscribers"].as_array().unwrap().iter().map(|s| s["subscriber_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, vec!["kept"]);
+    // Connected subscribers are listed too: "gone" drops out once the node has seen its close.
+    wait_until("only kept listed", Duration::from_secs(10), || async {
+        let listed = get(&format!("{l}/topics/t/subscribers")).await.ok()?.body;
+        let ids: Vec<String> = listed["subscribers"]
+            .as_array()?
+            .iter()
+            .filter_map(|s| s["subscriber_id"].as_str().map(str::to_string))
+            .collect();
+        (ids == ["kept"]).then_some(())
+    })
+    .await;
     let mut again = ws_connect(&l, "/topics/t/subscribe?subscriber_id=gone&cursor=acked").await;
     assert_eq!(next_frame(&mut again).await["cursor"], 0);
 
@@ -825,8 +832,8 @@ async fn publishing_connections_are_bounded_per_node() {
     match tokio_tungstenite::connect_async(url.as_str()).await {
         Err(WsError::Http(response)) => {
             assert_eq!(response.status().as_u16(), 503);
-            if let Some(body) = response.body() {
-                let body: Value = serde_json::from_slice(body).expect("an error body");
+            // tungstenite keeps only the body bytes that came with the headers.
+            if let Some(body) = response.body().as_deref().and_then(|b| serde_json::from_slice::<Value>(b).ok()) {
                 assert!(is_error_body(&body, "unavailable"), "{body}");
             }
         }
@@ -988,7 +995,8 @@ async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
     let (status, body) = http::get_json(&format!("{l}/topics/big/messages?limit=2")).await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["messages"].as_array().map(Vec::len), Some(2));
-    assert!(started.elapsed() < Duration::from_secs(2), "read after {:?}", started.elapsed());
+    // Waiting on the hog would take the full 10 s.
+    assert!(started.elapsed() < Duration::from_secs(5), "read after {:?}", started.elapsed());
     // Still within its share, the hog's later requests having waited.
     assert!(read_pages_bytes(&l).await <= READ_PAGES_BYTES_PER_CLIENT_MAX as u64);
 

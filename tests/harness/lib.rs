@@ -117,7 +117,10 @@ impl Default for Options {
             secret: Some("test-secret".into()),
             snapshot_logs: None,
             heartbeat_ms: 50,
-            election_timeout_ms: 500,
+            // The node's default. Most tests find the leader once and write to it: with 0.5 s,
+            // a leader starved that long on a loaded 2-core machine (up to six node processes
+            // of two tests at once) lost its place and the test's next write got a 307.
+            election_timeout_ms: 1000,
             client_addresses: None,
         }
     }
@@ -245,7 +248,8 @@ impl Cluster {
     pub fn terminate(&mut self, i: usize) -> Option<i32> {
         let mut child = self.nodes[i].child.take()?;
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        for _ in 0..500 {
+        // 30 s: a stop may spend 5 s draining requests, then close RocksDB, on a loaded machine.
+        for _ in 0..1500 {
             if let Ok(Some(status)) = child.try_wait() {
                 return status.code();
             }

@@ -443,17 +443,17 @@ async fn a_long_poll_as_long_as_the_operation_budget_gets_its_answer() {
     let node = serve(Router::new().route(
         "/topics/{name}/messages",
         get(|| async {
-            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
             Json(json!({"topic": "t", "messages": [], "next_cursor": 0, "has_more": false, "first_available_sequence": 1}))
         }),
     ))
     .await;
     let client = Client::builder([node])
-        .request_timeout(std::time::Duration::from_millis(300))
-        .operation_timeout(std::time::Duration::from_millis(600))
+        .request_timeout(std::time::Duration::from_millis(1000))
+        .operation_timeout(std::time::Duration::from_millis(1500))
         .build()
         .unwrap();
-    let options = ReadOptions { wait: Some(std::time::Duration::from_millis(700)), ..ReadOptions::default() };
+    let options = ReadOptions { wait: Some(std::time::Duration::from_millis(2000)), ..ReadOptions::default() };
     let page = client.read_messages("t", options).await;
     assert!(page.is_ok(), "{page:?}");
 }
@@ -473,7 +473,7 @@ async fn finding_the_leader_among_silent_nodes_keeps_to_the_operation_timeout() 
     let publish = client.publish("t", json!(1)).await;
     assert!(matches!(publish, Err(Error::Timeout { .. })), "{publish:?}");
     // Asking each node for its whole request timeout took 6 s.
-    assert!(started.elapsed() < std::time::Duration::from_millis(1500), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "took {:?}", started.elapsed());
 }
 
 #[tokio::test]
