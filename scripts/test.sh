@@ -44,6 +44,10 @@ else
   echo "==> no Docker engine: the Docker fault tests will be skipped"
 fi
 
+# One API test opens a node's 1,025 publishing WebSockets; a common soft limit is 1,024 files.
+hard_files=$(ulimit -Hn)
+if [ "$hard_files" = unlimited ]; then hard_files=1048576; fi
+ulimit -n "$hard_files" 2>/dev/null || echo "==> cannot raise the open-files limit to $hard_files (now $(ulimit -n))"
 echo "==> running the tests"
 # The Docker fault test runs on its own below, with its report printed.
 cargo test --release --workspace --no-fail-fast -- --skip docker_faults_

@@ -454,6 +454,29 @@ async fn an_entry_slower_to_replicate_than_a_heartbeat_commits() {
     assert_converged(&c, "large", &acked).await;
 }
 
+/// Runs the node with `args` on `data_dir`, expecting it to refuse the start: its output once
+/// it exits, or a failure if it is still running after 30 s (killed, so the test ends).
+async fn refused_start(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let child = Command::new(pubsub_tests::node_binary())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the node runs");
+    let pid = child.id();
+    let waited = tokio::task::spawn_blocking(move || child.wait_with_output());
+    match tokio::time::timeout(Duration::from_secs(30), waited).await {
+        Ok(out) => out.unwrap().expect("the node's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            panic!("the node started on a data dir it should have refused (killed after 30 s)");
+        }
+    }
+}
+
 /// A data dir is its node's: started under another `--id` (a swapped volume, a typo), the
 /// node refuses it with one line that says whose it is, and exits 1 without touching it.
 #[tokio::test]
@@ -467,12 +490,7 @@ async fn a_data_dir_given_to_another_node_id_is_refused() {
     })
     .await
     .unwrap();
-    let out = std::process::Command::new(pubsub_tests::node_binary())
-        .args(["--id", "2", "--listen", "127.0.0.1:0", "--peers", "2=127.0.0.1:1"])
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .output()
-        .expect("the node runs");
+    let out = refused_start(&["--id", "2", "--listen", "127.0.0.1:0", "--peers", "2=127.0.0.1:1"], &data_dir).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("it holds node 1's state, not node 2's"), "{stderr}");
@@ -496,12 +514,8 @@ async fn a_data_dir_of_a_cluster_with_other_voters_is_refused() {
     .unwrap();
     let ports = pubsub_tests::free_ports(3);
     let peers = format!("1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}", ports[0], ports[1], ports[2]);
-    let out = std::process::Command::new(pubsub_tests::node_binary())
-        .args(["--id", "1", "--listen", &format!("127.0.0.1:{}", ports[0]), "--peers", &peers])
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .output()
-        .expect("the node runs");
+    let listen = format!("127.0.0.1:{}", ports[0]);
+    let out = refused_start(&["--id", "1", "--listen", &listen, "--peers", &peers], &data_dir).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

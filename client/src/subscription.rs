@@ -324,7 +324,7 @@ impl Client {
     /// A follower serves subscriptions from its own applied state, so right after a topic is
     /// created (or messages published) it may still answer `404 topic_not_found` or
     /// `400 invalid_cursor` while the leader would accept. Those refusals move on to the next
-    /// node at once and are final only when as many nodes as the client knows gave them.
+    /// node at once and are final only when every node the client knows gave them.
     /// Other refusals (`400 invalid_request`, ...) are final at once; `5xx` ones are retried.
     async fn connect_first(&self, topic: &str, subscriber_id: &str, cursor: Cursor) -> Result<(Socket, u64), Error> {
         let policy = self.config().retry.clone();

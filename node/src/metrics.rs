@@ -87,6 +87,9 @@ pub struct Metrics {
     raft_inbound_bytes: Gauge<u64, AtomicU64>,
     /// One render at a time: each fills the per-topic and per-follower families, encodes them
     /// and empties them again, and two at once would encode each other's half-filled ones.
+    /// Awaited by the handler ([`Metrics::render_turn`]), so scrapes waiting their turn hold
+    /// no blocking thread; the mutex inside [`Metrics::render`] only backs it up.
+    turns: Arc<tokio::sync::Semaphore>,
     rendering: Mutex<()>,
 }
 
@@ -217,6 +220,7 @@ impl Default for Metrics {
             table_file_bytes,
             read_pages_bytes,
             raft_inbound_bytes,
+            turns: Arc::new(tokio::sync::Semaphore::new(1)),
             rendering: Mutex::new(()),
         }
     }
@@ -234,6 +238,12 @@ impl Metrics {
 
     pub fn count_publish(&self, outcome: Outcome, n: u64) {
         self.publishes[outcome as usize].inc_by(n);
+    }
+
+    /// Waits for this scrape's turn to render; the turn lasts until the permit is dropped.
+    pub async fn render_turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        // Never closed.
+        self.turns.clone().acquire_owned().await.expect("the render turns are never closed")
     }
 
     /// The most bytes [`Metrics::render`] can produce with `topics` active topics: the body is

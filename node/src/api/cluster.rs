@@ -87,10 +87,17 @@ pub async fn metrics(
 ) -> Result<Response, ApiError> {
     let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
     let room = reserve(&app, client, Metrics::rendered_bytes_max(app.reader.topic_count())).await?;
-    let (rendering, reserved) = (app.clone(), room.bytes());
-    let body = tokio::task::spawn_blocking(move || rendering.metrics.render(&rendering, reserved))
-        .await
-        .map_err(|e| ApiError::Internal(format!("rendering the metrics failed: {e}")))?;
+    let turn = app.metrics.render_turn().await;
+    // The room and the turn go with the render: a client gone meanwhile does not give them
+    // back while the body is still being built.
+    let rendering = app.clone();
+    let body = tokio::task::spawn_blocking(move || {
+        let body = rendering.metrics.render(&rendering, room.bytes());
+        drop(turn);
+        room.hold(body.into_bytes())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("rendering the metrics failed: {e}")))?;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    Ok(([(header::CONTENT_TYPE, content_type)], room.hold(body.into_bytes())).into_response())
+    Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
