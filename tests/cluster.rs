@@ -454,9 +454,23 @@ async fn an_entry_slower_to_replicate_than_a_heartbeat_commits() {
     assert_converged(&c, "large", &acked).await;
 }
 
-/// Runs the node with `args` on `data_dir`, expecting it to refuse the start: its output once
-/// it exits, or a failure if it is still running after 30 s (killed, so the test ends).
-async fn refused_start(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
+/// A one-node cluster that created a topic and was stopped with SIGTERM, and its data dir.
+async fn stopped_single_node() -> (Cluster, std::path::PathBuf) {
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    create_topic(&c, "t").await;
+    let data_dir = c.nodes[0].data_dir.clone();
+    let c = tokio::task::spawn_blocking(move || {
+        assert_eq!(c.terminate(0), Some(0));
+        c
+    })
+    .await
+    .unwrap();
+    (c, data_dir)
+}
+
+/// Runs the node with `args` on `data_dir`, expecting it to refuse the start with exit code 1:
+/// its stderr, or a failure if it is still running after 30 s (killed, so the test ends).
+async fn refused_start(args: &[&str], data_dir: &std::path::Path) -> String {
     use std::process::{Command, Stdio};
     let child = Command::new(pubsub_tests::node_binary())
         .args(args)
@@ -468,31 +482,24 @@ async fn refused_start(args: &[&str], data_dir: &std::path::Path) -> std::proces
         .expect("the node runs");
     let pid = child.id();
     let waited = tokio::task::spawn_blocking(move || child.wait_with_output());
-    match tokio::time::timeout(Duration::from_secs(30), waited).await {
+    let out = match tokio::time::timeout(Duration::from_secs(30), waited).await {
         Ok(out) => out.unwrap().expect("the node's output"),
         Err(_) => {
             let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
             panic!("the node started on a data dir it should have refused (killed after 30 s)");
         }
-    }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
 }
 
 /// A data dir is its node's: started under another `--id` (a swapped volume, a typo), the
 /// node refuses it with one line that says whose it is, and exits 1 without touching it.
 #[tokio::test]
 async fn a_data_dir_given_to_another_node_id_is_refused() {
-    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
-    create_topic(&c, "t").await;
-    let data_dir = c.nodes[0].data_dir.clone();
-    let c = tokio::task::spawn_blocking(move || {
-        assert_eq!(c.terminate(0), Some(0));
-        c
-    })
-    .await
-    .unwrap();
-    let out = refused_start(&["--id", "2", "--listen", "127.0.0.1:0", "--peers", "2=127.0.0.1:1"], &data_dir).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (c, data_dir) = stopped_single_node().await;
+    let stderr = refused_start(&["--id", "2", "--listen", "127.0.0.1:0", "--peers", "2=127.0.0.1:1"], &data_dir).await;
     assert!(stderr.contains("it holds node 1's state, not node 2's"), "{stderr}");
     drop(c);
 }
@@ -503,21 +510,11 @@ async fn a_data_dir_given_to_another_node_id_is_refused() {
 /// believes the new one formed; the same voters start again.
 #[tokio::test]
 async fn a_data_dir_of_a_cluster_with_other_voters_is_refused() {
-    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
-    create_topic(&c, "t").await;
-    let data_dir = c.nodes[0].data_dir.clone();
-    let c = tokio::task::spawn_blocking(move || {
-        assert_eq!(c.terminate(0), Some(0));
-        c
-    })
-    .await
-    .unwrap();
+    let (c, data_dir) = stopped_single_node().await;
     let ports = pubsub_tests::free_ports(3);
     let peers = format!("1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}", ports[0], ports[1], ports[2]);
     let listen = format!("127.0.0.1:{}", ports[0]);
-    let out = refused_start(&["--id", "1", "--listen", &listen, "--peers", &peers], &data_dir).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = refused_start(&["--id", "1", "--listen", &listen, "--peers", &peers], &data_dir).await;
     assert!(
         stderr.contains("holds a cluster whose voters are node-1, but --peers names node-1, node-2, node-3"),
         "{stderr}"

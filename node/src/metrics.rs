@@ -2,7 +2,7 @@
 //! things happen; gauges that mirror Raft or topic state are refreshed when scraped.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -88,9 +88,8 @@ pub struct Metrics {
     /// One render at a time: each fills the per-topic and per-follower families, encodes them
     /// and empties them again, and two at once would encode each other's half-filled ones.
     /// Awaited by the handler ([`Metrics::render_turn`]), so scrapes waiting their turn hold
-    /// no blocking thread; the mutex inside [`Metrics::render`] only backs it up.
+    /// no blocking thread; [`Metrics::render`] takes the turn as its proof.
     turns: Arc<tokio::sync::Semaphore>,
-    rendering: Mutex<()>,
 }
 
 /// What the log store reports of its fsyncs ([`FsyncObserver`]).
@@ -221,7 +220,6 @@ impl Default for Metrics {
             read_pages_bytes,
             raft_inbound_bytes,
             turns: Arc::new(tokio::sync::Semaphore::new(1)),
-            rendering: Mutex::new(()),
         }
     }
 }
@@ -254,9 +252,9 @@ impl Metrics {
 
     /// The text exposition, with state gauges refreshed from `app`; `reserved` is what this
     /// render holds of the read-pages budget for its own body, left out of the budget's gauge.
-    /// Blocking: with many topics it takes milliseconds, and one render waits for another.
-    pub fn render(&self, app: &App, reserved: usize) -> String {
-        let _one_at_a_time = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
+    /// Blocking: with many topics it takes milliseconds. `_turn`, from [`Metrics::render_turn`],
+    /// makes it one render at a time.
+    pub fn render(&self, app: &App, reserved: usize, _turn: &tokio::sync::OwnedSemaphorePermit) -> String {
         {
             let m = app.raft.metrics();
             let m = m.borrow();

@@ -281,21 +281,21 @@ async fn reconnect_resumes_after_the_last_delivered_sequence_without_duplicates(
     assert_eq!(log.acks[1], vec![3], "latest ack re-sent after the reconnect");
 }
 
-/// A first frame that does not parse confirms no start cursor: that connection is dropped and
-/// the next one's `subscribed` frame fixes where a `latest` stream starts. Going on without
-/// it, a reconnect before the first message asked for `latest` again and skipped what was
-/// published in between.
-#[tokio::test]
-async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
+/// Serves a first connection whose first frame is `first`, then one that confirms cursor 10:
+/// a first frame that is not `subscribed` must fail its connection, not start the stream.
+async fn assert_first_frame_fails_its_connection(first: String) {
     let log = Shared::default();
-    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
-        if n == 0 {
-            let _ = socket.send(AxMessage::Text("not a frame".into())).await;
-            let _ = socket.send(AxMessage::Close(None)).await;
-        } else {
-            send(&mut socket, sub_frame(10)).await;
-            send(&mut socket, msg(11)).await;
-            send(&mut socket, deleted()).await;
+    let node = ws_node(log.clone(), move |n, mut socket, _log| {
+        let first = first.clone();
+        async move {
+            if n == 0 {
+                let _ = socket.send(AxMessage::Text(first.into())).await;
+                let _ = socket.send(AxMessage::Close(None)).await;
+            } else {
+                send(&mut socket, sub_frame(10)).await;
+                send(&mut socket, msg(11)).await;
+                send(&mut socket, deleted()).await;
+            }
         }
     })
     .await;
@@ -306,28 +306,21 @@ async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
     assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, vec![None, None]);
 }
 
+/// A first frame that does not parse confirms no start cursor: that connection is dropped and
+/// the next one's `subscribed` frame fixes where a `latest` stream starts. Going on without
+/// it, a reconnect before the first message asked for `latest` again and skipped what was
+/// published in between.
+#[tokio::test]
+async fn an_unparseable_first_frame_is_a_failed_connection_not_a_start() {
+    assert_first_frame_fails_its_connection("not a frame".into()).await;
+}
+
 /// A first frame that parses but is not `subscribed` confirms no start cursor either: that
 /// connection fails the same way. Taken as the start, it left a `latest` subscription without a
 /// confirmed cursor.
 #[tokio::test]
 async fn a_first_frame_other_than_subscribed_is_a_failed_connection_not_a_start() {
-    let log = Shared::default();
-    let node = ws_node(log.clone(), |n, mut socket, _log| async move {
-        if n == 0 {
-            send(&mut socket, msg(11)).await;
-            let _ = socket.send(AxMessage::Close(None)).await;
-        } else {
-            send(&mut socket, sub_frame(10)).await;
-            send(&mut socket, msg(11)).await;
-            send(&mut socket, deleted()).await;
-        }
-    })
-    .await;
-    let sub = subscribe_latest(&fast_client(&[&node])).await;
-    assert_eq!(sub.subscribed_cursor(), Some(10));
-    let events = collect(sub, false).await;
-    assert_eq!(sequences(&events), vec!["11", "deleted"]);
-    assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).cursors, vec![None, None]);
+    assert_first_frame_fails_its_connection(msg(11).to_string()).await;
 }
 
 /// A message frame cut short, as a faulty proxy would pass it on.

@@ -92,7 +92,7 @@ pub async fn metrics(
     // back while the body is still being built.
     let rendering = app.clone();
     let body = tokio::task::spawn_blocking(move || {
-        let body = rendering.metrics.render(&rendering, room.bytes());
+        let body = rendering.metrics.render(&rendering, room.bytes(), &turn);
         drop(turn);
         room.hold(body.into_bytes())
     })
