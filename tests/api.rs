@@ -219,6 +219,19 @@ async fn publish_follows_the_contract() {
     let own = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let r = http::send(own.post(&url).body(vec![b' '; 3 * 1024 * 1024])).await.unwrap();
     assert_eq!(r.status, 413);
+    // A declared length past what the node would drain, sent with `Expect: 100-continue`, is
+    // answered 413 before any of it is sent (before, `100 Continue`, then a wait for 10 GB).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(l.trim_start_matches("http://")).await.unwrap();
+        let head = "POST /topics/t/messages HTTP/1.1\r\nhost: node\r\ncontent-type: application/json\r\n\
+                    content-length: 10000000000\r\nexpect: 100-continue\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer)).await.unwrap().unwrap();
+        let answer = String::from_utf8_lossy(&answer[..n]);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
 
     // In a batch too, a malformed message is answered (400) before another's payload over the
     // limit (413), whichever comes first; either alone is answered as such.
@@ -396,6 +409,9 @@ async fn reads_page_and_long_poll() {
     }
     let r = get(&format!("{l}/topics/t/messages?limit=0")).await.unwrap();
     assert_eq!(r.status, 400);
+    // Empty values are their defaults, as an empty `cursor=` is.
+    let r = get(&format!("{l}/topics/t/messages?after=&limit=&wait_ms=")).await.unwrap();
+    assert_eq!((r.status, r.body["messages"].as_array().unwrap().len()), (200, 5), "{r:?}");
     let r = get(&format!("{l}/topics/none/messages")).await.unwrap();
     assert_eq!(r.status, 404);
 
@@ -439,6 +455,48 @@ async fn reads_page_and_long_poll() {
     assert_eq!((&r.body["current_sequence"], &r.body["first_available_sequence"]), (&json!(2), &json!(3)));
     assert_eq!(r.body["messages"].as_array().unwrap().len(), 0);
     assert!(started.elapsed() >= Duration::from_millis(1000), "answered after {:?}", started.elapsed());
+}
+
+/// A cursor past the node's end may come from a node further along (a client failing over
+/// from the leader to a follower a few entries behind): the subscription waits for this node
+/// to reach it, and is refused `400 invalid_cursor` only when it has not within the grace.
+/// Before, it was refused at once, and a failing-over client read that as a bad cursor.
+#[tokio::test]
+async fn a_cursor_past_the_nodes_end_is_served_once_the_node_reaches_it() {
+    use pubsub_node::limits::SUBSCRIBE_CURSOR_AHEAD_WAIT;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+    let ahead = tokio::spawn({
+        let l = l.clone();
+        async move { ws_connect(&l, "/topics/t/subscribe?subscriber_id=s&cursor=2").await }
+    });
+    for i in 1..=3 {
+        post(&format!("{l}/topics/t/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
+    }
+    let mut ws = ahead.await.unwrap();
+    assert_eq!(next_frame(&mut ws).await["cursor"], 2);
+    assert_eq!(next_frame(&mut ws).await["sequence"], 3);
+
+    let started = std::time::Instant::now();
+    let r = get(&format!("{l}/topics/t/subscribe?subscriber_id=s&cursor=9")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_cursor"), "{r:?}");
+    assert!(started.elapsed() >= SUBSCRIBE_CURSOR_AHEAD_WAIT, "refused after {:?}", started.elapsed());
+}
+
+/// A subscriber's frame over the limit ends its subscription with close code 1009, which
+/// says why; before, the connection was dropped without a close frame.
+#[tokio::test]
+async fn a_subscriber_frame_over_the_limit_is_closed_with_1009() {
+    use pubsub_node::limits::SUBSCRIBER_FRAME_BYTES_MAX;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+    let mut ws = ws_connect(&l, "/topics/t/subscribe?subscriber_id=s").await;
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    let ack = format!(r#"{{"type":"ack","sequence":0,"pad":"{}"}}"#, "x".repeat(SUBSCRIBER_FRAME_BYTES_MAX));
+    ws.send(Message::Text(ack.into())).await.unwrap();
+    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1009}));
 }
 
 #[tokio::test]
@@ -635,8 +693,8 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
 
 /// `/metrics` lists every topic in every scrape, also when scrapes run at once (each render
 /// fills and empties the per-topic series: two at once used to encode each other's half-filled
-/// ones), and its body stays within the room reserved for it in the read budget (one series
-/// per topic, names at their longest), which is back in the budget once the body is sent.
+/// ones), and its body stays within the room reserved for it in the metrics budget (one series
+/// per topic, names at their longest), a budget of its own: none of it in the read budget.
 #[tokio::test]
 async fn metrics_list_every_topic_within_their_reserved_room() {
     use pubsub_node::metrics::Metrics;
@@ -658,11 +716,7 @@ async fn metrics_list_every_topic_within_their_reserved_room() {
         }
         assert!(text.len() <= Metrics::rendered_bytes_max(TOPICS), "{} bytes", text.len());
     }
-    // A scrape leaves its own body out of the gauge; the earlier ones were sent.
-    wait_until("the scrapes' room given back", Duration::from_secs(10), || async {
-        (read_pages_bytes(&l).await == 0).then_some(())
-    })
-    .await;
+    assert_eq!(read_pages_bytes(&l).await, 0, "a scrape holds nothing of the read budget");
 }
 
 #[tokio::test]
@@ -951,6 +1005,62 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
     .await;
 }
 
+/// `requests` connections from `ip` to the node at `url`, each asking for the 8 messages of
+/// topic `big` (1 MB each, see below) and reading nothing, with small socket buffers.
+async fn unread_page_requests(url: &str, ip: &str, requests: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..requests {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(b"GET /topics/big/messages?limit=8 HTTP/1.1\r\nhost: node\r\n\r\n").await.unwrap();
+        streams.push(stream);
+    }
+    streams
+}
+
+/// A single node holding topic `big` with 8 messages of 1 MB; its URL.
+async fn node_with_big_messages() -> (Cluster, String) {
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
+    let payload = "x".repeat(1_000_000);
+    let messages: Vec<Value> = (0..8).map(|i| json!({"id": format!("m{i}"), "payload": payload})).collect();
+    let r = post(&format!("{l}/topics/big/messages/batch"), &json!({ "messages": messages })).await.unwrap();
+    assert_eq!(r.status, 201);
+    (c, l)
+}
+
+/// Readers from six addresses that read nothing fill the node's whole read budget (each
+/// address up to its share): `/metrics`, whose body has a budget of its own, still answers at
+/// once and shows the budget full. Before, the scrape waited 10 s for room, then got a 503.
+#[tokio::test]
+async fn metrics_answer_while_readers_fill_the_read_budget() {
+    use pubsub_node::limits::{READ_PAGES_BYTES_MAX, READ_PAGE_BYTES_RESERVED};
+    let (_c, l) = node_with_big_messages().await;
+    let mut hogs = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7"] {
+        hogs.push(unread_page_requests(&l, ip, 100).await);
+    }
+    // No room left for one more page.
+    let started = wait_until("the read budget full", Duration::from_secs(30), || async {
+        let started = std::time::Instant::now();
+        let held = read_pages_bytes(&l).await;
+        (held > (READ_PAGES_BYTES_MAX - READ_PAGE_BYTES_RESERVED) as u64).then_some(started)
+    })
+    .await;
+    // Waiting for room would take the full 10 s.
+    assert!(started.elapsed() < Duration::from_secs(5), "scraped after {:?}", started.elapsed());
+    drop(hogs);
+    wait_until("the hogs' pages given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}
+
 /// A client that asks for pages of messages and never reads them holds at most its address's
 /// share of the node's read budget (64 MiB of 256), so another client still reads at once;
 /// and what it held comes back when its connections go. Before, enough such requests from
@@ -960,29 +1070,13 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
 #[tokio::test]
 async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
     use pubsub_node::limits::READ_PAGES_BYTES_PER_CLIENT_MAX;
-    use tokio::io::AsyncWriteExt;
     /// Each asks for about 5 MB, of which the kernel's socket buffers take some 3 MB: together
     /// still far more than one client's share.
     const HOG_REQUESTS: usize = 100;
-    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
-    let l = leader_url(&c).await;
-    post_raw(&format!("{l}/topics/big"), "").await.unwrap();
-    let payload = "x".repeat(1_000_000);
-    let messages: Vec<Value> = (0..8).map(|i| json!({"id": format!("m{i}"), "payload": payload})).collect();
-    let r = post(&format!("{l}/topics/big/messages/batch"), &json!({ "messages": messages })).await.unwrap();
-    assert_eq!(r.status, 201);
+    let (_c, l) = node_with_big_messages().await;
 
     // The hog comes from another address, with small socket buffers, and reads nothing.
-    let addr: std::net::SocketAddr = l.trim_start_matches("http://").parse().unwrap();
-    let mut hog = Vec::new();
-    for _ in 0..HOG_REQUESTS {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        stream.write_all(b"GET /topics/big/messages?limit=8 HTTP/1.1\r\nhost: node\r\n\r\n").await.unwrap();
-        hog.push(stream);
-    }
+    let hog = unread_page_requests(&l, "127.0.0.2", HOG_REQUESTS).await;
     let held = wait_until("the hog's pages held", Duration::from_secs(10), || async {
         let held = read_pages_bytes(&l).await;
         (held > READ_PAGES_BYTES_PER_CLIENT_MAX as u64 / 2).then_some(held)

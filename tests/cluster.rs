@@ -454,6 +454,54 @@ async fn an_entry_slower_to_replicate_than_a_heartbeat_commits() {
     assert_converged(&c, "large", &acked).await;
 }
 
+/// A batch without ids whose entry may still commit (its leader lost both followers after
+/// taking it) is answered `raft_timeout` naming the ids the node generated, in order; once
+/// the followers are back, retrying under those ids stores each message once. Before, the
+/// answer named none, and a retry stored the batch a second time under new ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_may_still_commit_names_the_ids_the_node_generated() {
+    const MESSAGES: usize = 5;
+    // The leader keeps its place while the followers are gone (it counts itself cut off only
+    // after two election timeouts): the batch is taken, then times out.
+    let mut c = Cluster::start(Options { election_timeout_ms: 5000, ..Options::default() }).await;
+    create_topic(&c, "b").await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let l = c.url(leader);
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &followers {
+        c.kill(i);
+    }
+    let batch: Vec<Value> = (0..MESSAGES).map(|i| json!({"payload": i})).collect();
+    let r = post(&format!("{l}/topics/b/messages/batch"), &json!({"messages": batch})).await.unwrap();
+    assert!(r.status == 504 || r.status == 500, "{r:?}");
+    let ids: Vec<String> = serde_json::from_value(r.body["ids"].clone()).expect("the batch's ids named");
+    assert_eq!(r.body["details"]["ids"], r.body["ids"]);
+    assert_eq!(ids.iter().collect::<std::collections::BTreeSet<_>>().len(), MESSAGES, "{ids:?}");
+
+    for &i in &followers {
+        c.restart(i);
+    }
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let retry: Vec<Value> = ids.iter().enumerate().map(|(i, id)| json!({"id": id, "payload": i})).collect();
+    let r = wait_until("the retried batch acknowledged", CONVERGE, || async {
+        let r = post(&format!("{l}/topics/b/messages/batch"), &json!({"messages": retry})).await.ok()?;
+        (r.status == 201).then_some(r)
+    })
+    .await;
+    let acked: HashMap<String, u64> = r.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|res| {
+            let sequence = res.get("sequence").or(res.get("existing_sequence")).and_then(Value::as_u64).unwrap();
+            (res["id"].as_str().unwrap().to_string(), sequence)
+        })
+        .collect();
+    assert_eq!(acked.len(), MESSAGES);
+    let log = assert_converged(&c, "b", &acked).await;
+    assert_eq!(log.len(), MESSAGES, "each message stored once: {log:?}");
+}
+
 /// A one-node cluster that created a topic and was stopped with SIGTERM, and its data dir.
 async fn stopped_single_node() -> (Cluster, std::path::PathBuf) {
     let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;

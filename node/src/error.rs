@@ -5,6 +5,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use crate::limits::ERROR_MESSAGE_CHARS_MAX;
+
 /// An error answered to a client.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -51,12 +53,15 @@ pub enum ApiError {
     /// (which the node may have generated): the client retries under it.
     #[error("{cause}")]
     Unconfirmed { id: String, cause: Box<ApiError> },
+    /// The same for a batch, naming every message's id in order.
+    #[error("{cause}")]
+    UnconfirmedBatch { ids: Vec<String>, cause: Box<ApiError> },
 }
 
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Unconfirmed { cause, .. } => cause.status_and_code(),
+            Self::Unconfirmed { cause, .. } | Self::UnconfirmedBatch { cause, .. } => cause.status_and_code(),
             Self::NotLeader { .. } => (StatusCode::TEMPORARY_REDIRECT, "not_leader"),
             Self::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             Self::TopicNotFound(_) => (StatusCode::NOT_FOUND, "topic_not_found"),
@@ -83,8 +88,15 @@ impl ApiError {
         if let Self::Unconfirmed { id, cause } = self {
             return cause.body_naming_id(id);
         }
+        if let Self::UnconfirmedBatch { ids, cause } = self {
+            let mut body = cause.body();
+            body["ids"] = json!(ids);
+            body["details"]["ids"] = json!(ids);
+            return body;
+        }
         let (_, code) = self.status_and_code();
-        let mut body = json!({"error": code, "message": self.to_string(), "details": {}});
+        let message = truncated(&self.to_string(), ERROR_MESSAGE_CHARS_MAX);
+        let mut body = json!({"error": code, "message": message, "details": {}});
         match self {
             Self::NotLeader { leader_id, leader_address, .. } => {
                 let leader_id = format!("node-{leader_id}");
@@ -136,12 +148,29 @@ impl ApiError {
         }
     }
 
+    /// [`ApiError::naming_id`] for a batch: names every message's id, in order.
+    pub fn naming_ids(self, ids: Vec<String>) -> Self {
+        if self.may_still_commit() {
+            Self::UnconfirmedBatch { ids, cause: Box::new(self) }
+        } else {
+            self
+        }
+    }
+
     /// The error that decides the answer's headers: the cause of an `Unconfirmed`.
     fn headline(&self) -> &ApiError {
         match self {
-            Self::Unconfirmed { cause, .. } => cause.headline(),
+            Self::Unconfirmed { cause, .. } | Self::UnconfirmedBatch { cause, .. } => cause.headline(),
             other => other,
         }
+    }
+}
+
+/// `text` cut to its first `chars` characters, marked `…` when cut.
+pub fn truncated(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 
@@ -187,6 +216,19 @@ mod tests {
     }
 
     #[test]
+    fn a_message_quoting_a_huge_value_is_cut() {
+        let huge = "x".repeat(300_000);
+        let message = ApiError::InvalidRequest(format!("ack must be committed or appended, not {huge:?}")).body()
+            ["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(message.chars().count(), ERROR_MESSAGE_CHARS_MAX + 1);
+        assert!(message.starts_with("ack must be") && message.ends_with('…'));
+        assert_eq!(truncated("short", 10), "short");
+    }
+
+    #[test]
     fn a_publish_that_may_still_commit_names_its_id() {
         let timeout = ApiError::RaftTimeout(5000).naming_id("m-7");
         let body = timeout.body();
@@ -200,6 +242,16 @@ mod tests {
         assert_eq!(not_committed.into_response().status(), StatusCode::INTERNAL_SERVER_ERROR);
         // Refusals that stored nothing stay as they were.
         assert!(matches!(ApiError::NoLeader.naming_id("m-9"), ApiError::NoLeader));
+        // A batch names every id, in order.
+        let ids = vec!["b-1".to_string(), "b-2".to_string()];
+        let batch = ApiError::RaftTimeout(5000).naming_ids(ids.clone());
+        let body = batch.body();
+        assert_eq!(
+            (&body["error"], &body["ids"], &body["details"]["ids"]),
+            (&json!("raft_timeout"), &json!(ids), &json!(ids))
+        );
+        assert_eq!(batch.into_response().status(), StatusCode::GATEWAY_TIMEOUT);
+        assert!(matches!(ApiError::NoLeader.naming_ids(vec!["b-3".into()]), ApiError::NoLeader));
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub const PUBLISH_WS_INFLIGHT_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// waiting for a client that does not read are bounded by count, so a megabyte `ref` per
 /// frame would hold gigabytes per connection.
 pub const PUBLISH_WS_REF_BYTES_MAX: usize = 256;
+/// Characters of an error body's `message`: messages quote what the client sent (a query
+/// value, a topic name), which may be hundreds of kilobytes.
+pub const ERROR_MESSAGE_CHARS_MAX: usize = 1024;
 /// Characters of a parser's message in a publishing WebSocket's `invalid_request` answer: the
 /// message quotes the offending value, which may be a megabyte.
 pub const PUBLISH_WS_ERROR_TEXT_CHARS_MAX: usize = 200;
@@ -82,6 +85,12 @@ pub const TOPIC_LIST_ITEM_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 128;
 /// most [`TOPIC_NAME_CHARS_MAX`] ASCII characters (checked by a test against a render).
 pub const METRICS_FIXED_BYTES_MAX: usize = 64 * 1024;
 pub const METRICS_TOPIC_LINE_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 96;
+/// `/metrics` bodies built and not yet sent: two of the largest a full cluster renders. A
+/// budget of their own, not the read-pages one, so that a node whose readers fill that
+/// budget still answers the scrape that shows it (one render runs at a time anyway).
+pub const METRICS_BODIES_BYTES_MAX: usize = 2 * (METRICS_FIXED_BYTES_MAX + TOPICS_MAX * METRICS_TOPIC_LINE_BYTES_MAX);
+/// How long a scrape waits for room in [`METRICS_BODIES_BYTES_MAX`] before `503 unavailable`.
+pub const METRICS_BODIES_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes and bytes the leader puts into one batched Raft entry, entries in flight at once,
 /// and writes waiting for the proposer (see `propose.rs`). One entry in flight measured best
@@ -142,8 +151,8 @@ pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 
 /// How long a stopping node lets requests in progress finish before it closes their
 /// connections: a publish is answered within [`WRITE_TIMEOUT`], and the whole stop (this, the
-/// subscriptions, the last acks, the hand-over, the store's close) fits the 20 s grace period
-/// a supervisor gives (`deploy/docker-compose.yml`) unless the store is stuck.
+/// subscriptions, the last acks, the hand-over, the store's close) fits the 30 s grace period
+/// `deploy/docker-compose.yml` gives (about 21 s at worst) unless the store is stuck.
 pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -206,6 +215,12 @@ pub const FRAME_CACHE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// (pong, ack) before it drops the connection as dead.
 pub const SUBSCRIBE_PING_INTERVAL: Duration = Duration::from_secs(15);
 pub const SUBSCRIBE_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// How long a subscription whose cursor is past this node's end waits for the node to reach
+/// it before `400 invalid_cursor`: the cursor may come from a node further along (a follower
+/// lags its leader by a heartbeat or so), and a client failing over must not read that as a
+/// bad cursor. A cursor that is simply wrong is refused this much later.
+pub const SUBSCRIBE_CURSOR_AHEAD_WAIT: Duration = Duration::from_secs(2);
 
 /// Largest frame a subscriber may send us (acks are tiny).
 pub const SUBSCRIBER_FRAME_BYTES_MAX: usize = 64 * 1024;

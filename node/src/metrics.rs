@@ -245,16 +245,15 @@ impl Metrics {
     }
 
     /// The most bytes [`Metrics::render`] can produce with `topics` active topics: the body is
-    /// reserved in the read budget before it is built.
+    /// reserved in the metrics budget before it is built.
     pub fn rendered_bytes_max(topics: usize) -> usize {
         METRICS_FIXED_BYTES_MAX + topics * METRICS_TOPIC_LINE_BYTES_MAX
     }
 
-    /// The text exposition, with state gauges refreshed from `app`; `reserved` is what this
-    /// render holds of the read-pages budget for its own body, left out of the budget's gauge.
+    /// The text exposition, with state gauges refreshed from `app`.
     /// Blocking: with many topics it takes milliseconds. `_turn`, from [`Metrics::render_turn`],
     /// makes it one render at a time.
-    pub fn render(&self, app: &App, reserved: usize, _turn: &tokio::sync::OwnedSemaphorePermit) -> String {
+    pub fn render(&self, app: &App, _turn: &tokio::sync::OwnedSemaphorePermit) -> String {
         {
             let m = app.raft.metrics();
             let m = m.borrow();
@@ -276,7 +275,7 @@ impl Metrics {
         self.subscribers.set(app.subscription_count() as i64);
         let places_free = app.publishing_connections.available_permits();
         self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);
-        self.read_pages_bytes.set(app.read_pages.held().saturating_sub(reserved) as u64);
+        self.read_pages_bytes.set(app.read_pages.held() as u64);
         self.raft_inbound_bytes.set(app.raft_inbound.held() as u64);
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);

@@ -53,6 +53,12 @@ pub enum Request {
     /// leader proposes it while none is applied; every node then presents the id when it
     /// dials a peer, and refuses peers of another cluster. Declared last, for the same reason.
     SetClusterId { id: String },
+    /// `CreateTopic` whose revival of a deleted topic is always created later than its life
+    /// before (`created_at` past the last one, even within one millisecond or under a leader
+    /// whose clock is behind): `created_at` is how a snapshot install tells a subscriber that
+    /// the topic was deleted and revived in the entries it skipped. A new variant rather than
+    /// a new rule for `CreateTopic`, and declared last, for the same reasons as `AckBounded`.
+    CreateTopicLater { topic: String, metadata: Option<String>, retention: Retention, now_ms: u64 },
 }
 
 /// Batches nest (a batch is a command), and bincode decodes nesting by recursion with no
@@ -115,7 +121,9 @@ impl Request {
             Request::Publish { topic, messages, .. } | Request::PublishGeneratedIds { topic, messages, .. } => {
                 topic.len() + messages.iter().map(|m| m.payload.len() + m.id.len() + 16).sum::<usize>()
             }
-            Request::CreateTopic { topic, metadata, .. } => topic.len() + metadata.as_ref().map_or(0, String::len),
+            Request::CreateTopic { topic, metadata, .. } | Request::CreateTopicLater { topic, metadata, .. } => {
+                topic.len() + metadata.as_ref().map_or(0, String::len)
+            }
             Request::Ack { acks } | Request::AckBounded { acks } => {
                 acks.iter().map(|a| a.topic.len() + a.subscriber_id.len() + 8).sum()
             }
@@ -255,6 +263,9 @@ mod tests {
         assert_eq!(position(&forget), 7);
         assert_eq!(position(&Request::AckBounded { acks: vec![] }), 8);
         assert_eq!(position(&Request::SetClusterId { id: "c".into() }), 9);
+        let create =
+            Request::CreateTopicLater { topic: "t".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
+        assert_eq!(position(&create), 10);
     }
 
     /// `levels` batches, each holding the next, the innermost empty: as bincode writes them

@@ -1,5 +1,5 @@
-//! Replicated storage for the pub/sub cluster: the openraft log store and the pub/sub
-//! state machine, both over one RocksDB instance.
+//! Replicated storage for the pub/sub cluster: the openraft log store (entries in segment
+//! files, the vote and the purge point in RocksDB) and the pub/sub state machine over RocksDB.
 //!
 //! # Layout
 //! - [`typ`]: the openraft type configuration and aliases, so nobody spells the generics twice.

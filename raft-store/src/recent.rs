@@ -1,11 +1,11 @@
 //! The newest log entries, kept decoded in memory.
 //!
 //! Right after an entry is appended, openraft reads it back two or three times: once per
-//! follower to replicate it, and once to apply it. Served from RocksDB, each read decodes the
+//! follower to replicate it, and once to apply it. Served from the segment files, each read decodes the
 //! entry again (every message id allocated, every payload copied). This window holds the tail
 //! of the log as it was appended, so those reads clone the entry instead. It always ends at
 //! the last appended entry (appends extend it, a truncation cuts it), so a read that starts
-//! inside the window is answered in full from it; older entries come from RocksDB.
+//! inside the window is answered in full from it; older entries come from the segment files.
 
 use std::collections::VecDeque;
 

@@ -88,7 +88,10 @@ fn apply_command(
 ) -> Result<(Response, Vec<String>), StoreError> {
     match request {
         Request::CreateTopic { topic, metadata, retention, now_ms } => {
-            Ok(create_topic(topics, topic, metadata, *retention, *now_ms))
+            Ok(create_topic(topics, topic, metadata, *retention, *now_ms, Revival::AtNow))
+        }
+        Request::CreateTopicLater { topic, metadata, retention, now_ms } => {
+            Ok(create_topic(topics, topic, metadata, *retention, *now_ms, Revival::Later))
         }
         Request::DeleteTopic { topic } => Ok(delete_topic(topics, topic)),
         Request::Publish { topic, messages, now_ms } => {
@@ -142,12 +145,22 @@ fn prefetch_client_ids(topics: &Topics, store: &mut impl SmStore, request: &Requ
     Ok(())
 }
 
+/// When a revived topic counts as created: the rule of the command that revives it.
+#[derive(Clone, Copy)]
+enum Revival {
+    /// `CreateTopic`: at the leader's clock, which may equal (or precede) the life before.
+    AtNow,
+    /// `CreateTopicLater`: strictly after the life before (see there).
+    Later,
+}
+
 fn create_topic(
     topics: &mut Topics,
     name: &str,
     metadata: &Option<String>,
     retention: Retention,
     now_ms: u64,
+    revival: Revival,
 ) -> (Response, Vec<String>) {
     let new_len = metadata_len(metadata.as_deref());
     if let Some(record) = topics.by_name.get_mut(name) {
@@ -164,7 +177,10 @@ fn create_topic(
         topics.metadata_bytes = metadata_bytes;
         // Revive: same id and sequence, so old cursors stay valid.
         record.deleted = false;
-        record.created_at = now_ms;
+        record.created_at = match revival {
+            Revival::AtNow => now_ms,
+            Revival::Later => now_ms.max(record.created_at + 1),
+        };
         record.metadata = metadata.as_deref().map(Arc::from);
         record.retention = retention;
         return (Response::TopicCreated { created: true }, vec![name.to_string()]);
@@ -542,6 +558,37 @@ pub(crate) mod tests {
         assert_eq!(run(&mut t, &mut s, create("a", Retention::default())), Response::TopicCreated { created: true });
         assert_eq!(t.by_name["a"].id, id);
         assert_eq!(run(&mut t, &mut s, publish_at("a", &["3"], 5)), stored(&[3]));
+    }
+
+    #[test]
+    fn a_revival_is_always_created_later_than_the_life_before() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        let create_at = |now_ms| Request::CreateTopicLater {
+            topic: "a".into(),
+            metadata: None,
+            retention: Retention::default(),
+            now_ms,
+        };
+        run(&mut t, &mut s, create_at(100));
+        // Deleted and created again in the same millisecond, then under a clock that went back.
+        for now_ms in [100, 50] {
+            let before = t.by_name["a"].created_at;
+            run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() });
+            assert_eq!(run(&mut t, &mut s, create_at(now_ms)), Response::TopicCreated { created: true });
+            assert_eq!(t.by_name["a"].created_at, before + 1);
+        }
+        // A clock ahead is taken as it is.
+        run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() });
+        run(&mut t, &mut s, create_at(500));
+        assert_eq!(t.by_name["a"].created_at, 500);
+        // `CreateTopic` entries, already in logs, keep the rule they were first applied with.
+        run(&mut t, &mut s, Request::DeleteTopic { topic: "a".into() });
+        run(
+            &mut t,
+            &mut s,
+            Request::CreateTopic { topic: "a".into(), metadata: None, retention: Retention::default(), now_ms: 500 },
+        );
+        assert_eq!(t.by_name["a"].created_at, 500);
     }
 
     #[test]

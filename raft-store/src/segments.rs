@@ -169,6 +169,8 @@ pub struct SegmentLog {
     /// drop the pages a failed fsync covered and report success on the next one, which would
     /// acknowledge writes that are lost. The node stops on the error and must be restarted.
     sync_failed: OnceLock<String>,
+    /// Held across every fsync of a segment file (see [`SegmentLog::fsync`]).
+    syncing: Mutex<()>,
 }
 
 impl SegmentLog {
@@ -215,6 +217,7 @@ impl SegmentLog {
             unpurged_from: AtomicU64::new(0),
             spares,
             sync_failed: OnceLock::new(),
+            syncing: Mutex::new(()),
         })
     }
 
@@ -264,7 +267,7 @@ impl SegmentLog {
                             fs::remove_file(&empty.path)?;
                         }
                     } else if let Some(full) = segments.back_mut() {
-                        full.seal().map_err(|e| self.sync_failed(e))?;
+                        self.fsync(|| full.seal())?;
                     }
                     segments.push_back(self.create(next)?);
                     segments.len() - 1
@@ -324,10 +327,21 @@ impl SegmentLog {
     pub fn sync(&self) -> Result<(), StoreError> {
         self.refuse_after_failed_sync()?;
         let newest = self.lock().back().map(|s| s.file.clone());
-        if let Some(file) = newest {
-            file.sync_data().map_err(|e| self.sync_failed(e))?;
+        match newest {
+            Some(file) => self.fsync(|| file.sync_data()),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Runs `sync`, an fsync of a segment file, one at a time and never after one failed.
+    /// Linux reports a failed writeback to only one of the fsyncs of a file that check for
+    /// it: a seal and the syncer's fsync running at once on the newest segment could each see
+    /// success for records one of them lost. Taken with or without the segments lock held,
+    /// never the other way round.
+    fn fsync(&self, sync: impl FnOnce() -> io::Result<()>) -> Result<(), StoreError> {
+        let _turn = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
+        self.refuse_after_failed_sync()?;
+        sync().map_err(|e| self.sync_failed(e))
     }
 
     fn refuse_after_failed_sync(&self) -> Result<(), StoreError> {
@@ -403,7 +417,8 @@ impl SegmentLog {
             // right after a shorter new record would read as valid after a crash. On disk
             // first, so a failed cut leaves the records known.
             segment.file.set_len(segment.offsets[position])?;
-            segment.file.sync_all()?;
+            let file = segment.file.clone();
+            self.fsync(|| file.sync_all())?;
             segment.len = segment.offsets[position];
             segment.offsets.truncate(position);
             segment.preallocated = false;
@@ -437,7 +452,7 @@ impl SegmentLog {
                         // The newest segment was never sealed: cut what lies past its records
                         // (older records, of another salt) before it is used again.
                         let mut segment = segment;
-                        segment.seal()?;
+                        self.fsync(|| segment.seal())?;
                         let recycled = file_path(&self.dir, segment.first, SPARE_SUFFIX);
                         fs::rename(&segment.path, &recycled)?;
                         sync_dir(&self.dir)?;
@@ -663,16 +678,17 @@ fn zero_fill(path: &Path, salt: u32, shared: &SpareShared) -> Result<Option<File
     Ok(Some(file))
 }
 
-/// Drops a recycled segment's pages from the page cache: they were written by whole entries
-/// (up to a megabyte at once), so they may be large folios that small records would dirty
-/// whole (see [`ZERO_FILL_CHUNK_BYTES`]). Records then read each page in once as they overwrite
-/// it. Only advice: a page the kernel keeps costs write bytes, never correctness.
+/// Drops a file's clean pages from the page cache. For a recycled segment: they were written
+/// by whole entries (up to a megabyte at once), so they may be large folios that small records
+/// would dirty whole (see [`ZERO_FILL_CHUNK_BYTES`]); records then read each page in once as
+/// they overwrite it. For the newest segment at start: see [`scan`]. Only advice, which
+/// Linux follows for clean pages that nothing maps.
 fn drop_cached_pages(file: &File) {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise reads no memory of ours; the descriptor is open for the call.
     let failed = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     if failed != 0 {
-        tracing::debug!(errno = failed, "posix_fadvise(DONTNEED) on a recycled log segment failed");
+        tracing::debug!(errno = failed, "posix_fadvise(DONTNEED) on a log segment failed");
     }
 }
 
@@ -729,6 +745,16 @@ fn segment_header(salt: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
 /// segment (the file is cut there); in any other it is corruption.
 fn scan(first: u64, path: PathBuf, newest: bool) -> Result<Segment, StoreError> {
     let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    if newest {
+        // Records a killed process wrote but never fsynced survive in the page cache and would
+        // be read back as the log: made durable before this node answers for them (a
+        // follower's reply that it holds an entry counts towards its commit). And only the
+        // newest segment can hold records whose fsync failed (a failed seal stops the log
+        // before a newer one starts): their pages may still be cached, marked clean, holding
+        // bytes the disk never got. Dropped after the write-back, so the scan reads the disk.
+        file.sync_data()?;
+        drop_cached_pages(&file);
+    }
     let file_len = file.metadata()?.len();
     let mut start = [0u8; SEGMENT_HEADER_BYTES as usize];
     let salt = if file_len >= SEGMENT_HEADER_BYTES {
@@ -778,11 +804,6 @@ fn scan(first: u64, path: PathBuf, newest: bool) -> Result<Segment, StoreError> 
         // of a torn record behind them (see `truncate`).
         file.set_len(at)?;
         file.sync_all()?;
-    } else if newest {
-        // Records a killed process wrote but never fsynced survive in the page cache and are
-        // read back as the log: make them durable before this node answers for them (a
-        // follower's reply that it holds an entry counts towards its commit).
-        file.sync_data()?;
     }
     Ok(Segment { first, path, file: Arc::new(file), salt, offsets, len: at, preallocated: false })
 }
@@ -809,19 +830,31 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Creates `dir` if needed and makes its entry durable in its parent, so files fsynced in it
-/// cannot vanish with it after a power cut on a node's first start.
+/// Creates `dir` if needed, with any missing parents, and makes its entry and theirs durable,
+/// so files fsynced in it cannot vanish with them after a power cut on a node's first start.
 pub(crate) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+    let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
     fs::create_dir_all(dir)?;
-    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => sync_dir(parent),
-        None => Ok(()),
+    let parents = std::iter::once(dir).chain(created).filter_map(Path::parent);
+    for parent in parents.filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_dir_is_created_with_its_missing_parents() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/c");
+        create_dir_durably(&dir).unwrap();
+        assert!(dir.is_dir());
+        // Again, existing: nothing to create.
+        create_dir_durably(&dir).unwrap();
+    }
 
     fn records(range: std::ops::Range<u64>, size: usize) -> Vec<Vec<u8>> {
         range.map(|i| vec![(i % 251) as u8; size]).collect()

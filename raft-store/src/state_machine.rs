@@ -377,10 +377,10 @@ impl SnapshotFiles {
 
     /// Records `meta` as the current snapshot if it is newer, and removes older files.
     ///
-    /// One of the same log id is refused: a build that read the state machine while an
-    /// install of that log id was writing it (an install of many batches writes its
-    /// `last_applied` in the first) holds part of the installed data only, and must not
-    /// replace the installed file.
+    /// One of the same or an older log id is refused: a build that read the state machine
+    /// while an install was writing it holds part of the installed data only, and must not
+    /// replace the installed file (an install of many batches clears `last_applied` in its
+    /// first and writes it in its last, so such a build names no newer log id).
     fn set_current(&self, meta: &SnapshotMeta) -> Result<bool, StoreError> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(current) = self.current_meta()? {
@@ -634,6 +634,75 @@ mod tests {
         let second = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap().meta;
         assert_eq!(files.current_meta().unwrap().unwrap().snapshot_id, second.snapshot_id);
         assert!(!files.path(&first.snapshot_id).exists(), "the older file is removed");
+    }
+
+    /// A crash during a snapshot install, after its marker and its first batch (which clears
+    /// the tables) were written, is redone from the snapshot file when the store opens: the
+    /// follower then holds exactly the leader's state, and the marker is gone.
+    #[tokio::test]
+    async fn an_install_interrupted_by_a_crash_is_redone_at_open() {
+        use openraft::storage::RaftStateMachine;
+        use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
+
+        use crate::db::{cf, synced};
+        use crate::keys::{INSTALL_PENDING, LAST_APPLIED};
+        use crate::snapshot::PendingInstall;
+        use crate::typ::Entry;
+        use crate::{NewMessage, Request, Retention};
+        let entry = |index: u64, request: Request| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(request),
+        };
+        let create = |topic: &str| Request::CreateTopic {
+            topic: topic.into(),
+            metadata: None,
+            retention: Retention::default(),
+            now_ms: 1,
+        };
+        let publish = |i: u64| {
+            let message = NewMessage { id: format!("m{i}"), timestamp: 2, payload: bytes::Bytes::from(i.to_string()) };
+            Request::Publish { topic: "a".into(), messages: vec![message], now_ms: 2 }
+        };
+        let state = |reader: &crate::StoreReader| {
+            let record = reader.topic("a").expect("topic a");
+            let messages = reader.read_messages(record.id, 0, 1000).unwrap();
+            (record, messages.into_iter().map(|(sequence, m)| (sequence, m.id)).collect::<Vec<_>>())
+        };
+
+        let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut leader = crate::open(leader_dir.path()).unwrap();
+        let mut entries = vec![entry(1, create("a"))];
+        entries.extend((2..=50).map(|i| entry(i, publish(i))));
+        leader.state_machine.apply(entries).await.unwrap();
+        let snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let leader_file = leader.state_machine.snapshots.path(&snapshot.meta.snapshot_id);
+
+        let mut follower = crate::open(follower_dir.path()).unwrap();
+        follower.state_machine.apply(vec![entry(1, create("stale"))]).await.unwrap();
+        // What a crash leaves: the received file in place, the marker naming it, and the first
+        // batch of the install (`snapshot::install_pending`) written; nothing after.
+        let files = follower.state_machine.snapshots.clone();
+        let path = files.path(&snapshot.meta.snapshot_id);
+        std::fs::copy(&leader_file, &path).unwrap();
+        let pending = PendingInstall {
+            file_name: path.file_name().unwrap().to_string_lossy().into_owned(),
+            meta: snapshot.meta.clone(),
+        };
+        let db = &follower.state_machine.db;
+        let meta_cf = cf(db, crate::keys::SM_CFS[0]).unwrap();
+        db.put_cf_opt(meta_cf, INSTALL_PENDING, bincode::serialize(&pending).unwrap(), &synced()).unwrap();
+        db.delete_cf_opt(meta_cf, LAST_APPLIED, &synced()).unwrap();
+        let closed = follower.closed;
+        drop((follower.log_store, follower.state_machine, follower.reader, files));
+        assert!(closed.wait(std::time::Duration::from_secs(5)).await);
+
+        let mut reopened = crate::open(follower_dir.path()).unwrap();
+        assert_eq!(state(&reopened.reader), state(&leader.reader));
+        assert!(reopened.reader.topic("stale").is_none());
+        let meta_cf = cf(&reopened.state_machine.db, crate::keys::SM_CFS[0]).unwrap();
+        assert!(reopened.state_machine.db.get_cf(meta_cf, INSTALL_PENDING).unwrap().is_none());
+        let current = reopened.state_machine.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, snapshot.meta);
     }
 
     #[test]

@@ -194,10 +194,11 @@ async fn a_snapshot_round_trip_reproduces_the_state_on_another_node() {
 
 /// A snapshot install skips the entries it covers: a topic deleted among them, created again
 /// or not, is still signalled as deleted to those watching it on the follower (a subscriber
-/// there gets `topic_deleted`), and a snapshot without a deletion signals none.
+/// there gets `topic_deleted`), and a snapshot without a deletion signals none. Also when the
+/// topic is created again in the millisecond it was first created in.
 #[tokio::test]
 async fn a_deletion_a_snapshot_install_skips_over_is_still_signalled() {
-    for case in ["kept", "deleted", "revived"] {
+    for case in ["kept", "deleted", "revived", "revived in the same millisecond"] {
         let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut leader = raft_store::open(leader_dir.path()).unwrap();
         let mut follower = raft_store::open(follower_dir.path()).unwrap();
@@ -211,9 +212,14 @@ async fn a_deletion_a_snapshot_install_skips_over_is_still_signalled() {
         if case != "kept" {
             skipped.push(entry(5, Request::DeleteTopic { topic: "a".into() }));
         }
-        if case == "revived" {
-            let revive =
-                Request::CreateTopic { topic: "a".into(), metadata: None, retention: Retention::default(), now_ms: 50 };
+        if case.starts_with("revived") {
+            let now_ms = if case == "revived" { 50 } else { 5 };
+            let revive = Request::CreateTopicLater {
+                topic: "a".into(),
+                metadata: None,
+                retention: Retention::default(),
+                now_ms,
+            };
             skipped.extend([entry(6, revive), entry(7, publish("a", "m4"))]);
         }
         leader.state_machine.apply(skipped).await.unwrap();

@@ -5,15 +5,15 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use openraft::ServerState;
 use serde_json::{json, Value};
 
-use super::messages::reserve;
 use crate::app::{Leadership, SharedApp};
+use crate::budget::ReadRoom;
 use crate::error::ApiError;
+use crate::limits::METRICS_BODIES_WAIT_TIMEOUT;
 use crate::metrics::Metrics;
-use crate::serve::ClientAddr;
 
 pub fn role(state: ServerState) -> &'static str {
     match state {
@@ -78,21 +78,21 @@ pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError
     Ok(Json(json!({"status": "ready", "last_applied": applied, "commit_index": committed})))
 }
 
-/// The body (one series per topic: megabytes with many) counts against the read-pages budget
-/// and its client's share until sent, as `GET /topics` does, and is built off the async
-/// workers.
-pub async fn metrics(
-    State(app): State<SharedApp>,
-    client: Option<Extension<ClientAddr>>,
-) -> Result<Response, ApiError> {
-    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
-    let room = reserve(&app, client, Metrics::rendered_bytes_max(app.reader.topic_count())).await?;
+/// The body (one series per topic: megabytes with many) counts against the metrics budget
+/// until sent, and is built off the async workers. That budget is not the read-pages one, so
+/// a node whose readers fill theirs still shows it.
+pub async fn metrics(State(app): State<SharedApp>) -> Result<Response, ApiError> {
+    let bytes = Metrics::rendered_bytes_max(app.reader.topic_count());
+    let deadline = tokio::time::Instant::now() + METRICS_BODIES_WAIT_TIMEOUT;
+    let room = ReadRoom::take(&app.metrics_bodies, None, bytes, Some(deadline))
+        .await
+        .map_err(|_| ApiError::Unavailable("the node is busy sending metrics to other scrapers".into()))?;
     let turn = app.metrics.render_turn().await;
     // The room and the turn go with the render: a client gone meanwhile does not give them
     // back while the body is still being built.
     let rendering = app.clone();
     let body = tokio::task::spawn_blocking(move || {
-        let body = rendering.metrics.render(&rendering, room.bytes(), &turn);
+        let body = rendering.metrics.render(&rendering, &turn);
         drop(turn);
         room.hold(body.into_bytes())
     })

@@ -81,6 +81,12 @@ async fn body_within(
 ) -> Result<Bytes, ApiError> {
     use futures_util::StreamExt;
     let too_large = || ApiError::PayloadTooLarge(format!("request body is larger than {limit} bytes"));
+    // A declared length past what would be drained is refused before reading: a client that
+    // sent `Expect: 100-continue` then sends nothing at all.
+    let declared = axum::body::HttpBody::size_hint(&body).lower();
+    if declared > limit.saturating_add(BODY_DRAIN_BYTES_MAX) as u64 {
+        return Err(too_large());
+    }
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;

@@ -23,8 +23,10 @@ use crate::limits::{
 use crate::serve::ClientAddr;
 use crate::subscribe::frames::message_fields;
 
+/// The number `key` holds; an empty value is no value (its default), as an empty `cursor=`
+/// is on a subscription.
 fn number(query: &HashMap<String, String>, key: &str) -> Option<Result<u64, ()>> {
-    query.get(key).map(|v| v.trim().parse::<u64>().map_err(|_| ()))
+    query.get(key).map(|v| v.trim()).filter(|v| !v.is_empty()).map(|v| v.parse::<u64>().map_err(|_| ()))
 }
 
 pub async fn read(

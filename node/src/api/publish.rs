@@ -388,7 +388,12 @@ pub async fn batch(
     let messages: Vec<NewMessage> = incoming.into_iter().map(|m| m.message).collect();
     let where_ = input::path_and_query(&uri);
     let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
-    let (results, raft_index) = publish_messages(&app, &topic, messages, ids_generated, &where_).await?;
+    // Ids the node generated are known only from the answer: a batch that may still commit
+    // names them all, so that a retry under the same ids is deduplicated.
+    let (results, raft_index) = match publish_messages(&app, &topic, messages, ids_generated, &where_).await {
+        Ok(published) => published,
+        Err(e) => return Err(e.naming_ids(ids)),
+    };
     let results: Vec<BatchItemOut> = ids
         .iter()
         .zip(results)

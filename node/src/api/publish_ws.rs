@@ -1,7 +1,8 @@
 //! `GET /topics/:name/publish` (ext): publishing over one WebSocket, many messages in flight.
 //!
 //! Client frames: `{"type":"publish","ref":R,"id":ID?,"payload":P,"timestamp":T?}` (`ref` is
-//! any string or number the client uses to pair answers; answers may arrive out of order).
+//! any JSON value, echoed when at most 256 bytes as written, that the client uses to pair
+//! answers; answers may arrive out of order).
 //! Server frames: `{"type":"ack","ref":R,"id":ID,"sequence":N,"raft_index":I}` once the message
 //! is committed on a majority and applied, or `{"type":"error","ref":R,"error":CODE,"message":M,...}`
 //! with the same codes and fields as the HTTP API. Same guarantees as `POST /messages`
@@ -116,10 +117,7 @@ fn frame_with_body(reference: Option<&RawValue>, body: &str) -> String {
 /// `text` cut to [`PUBLISH_WS_ERROR_TEXT_CHARS_MAX`] characters: serde's messages quote the
 /// offending value, and every frame's answer waits in a queue bounded by count.
 fn truncated(text: &str) -> String {
-    match text.char_indices().nth(PUBLISH_WS_ERROR_TEXT_CHARS_MAX) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
+    crate::error::truncated(text, PUBLISH_WS_ERROR_TEXT_CHARS_MAX)
 }
 
 /// `reference` when it is short enough to echo ([`PUBLISH_WS_REF_BYTES_MAX`]), else `None`.
@@ -346,7 +344,7 @@ fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
     }
 }
 
-fn is_over_size_limit(e: &axum::Error) -> bool {
+pub(crate) fn is_over_size_limit(e: &axum::Error) -> bool {
     std::error::Error::source(e)
         .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
         .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))

@@ -8,16 +8,35 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use raft_store::limits::CURSORS_PER_TOPIC_MAX;
+use raft_store::TopicSignal;
+use tokio::sync::watch;
 
 use super::input;
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
-    SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIBER_READ_BUFFER_BYTES, SUBSCRIBER_WRITE_BUFFER_BYTES, SUBSCRIPTIONS_MAX,
+    SUBSCRIBER_FRAME_BYTES_MAX, SUBSCRIBER_READ_BUFFER_BYTES, SUBSCRIBER_WRITE_BUFFER_BYTES,
+    SUBSCRIBE_CURSOR_AHEAD_WAIT, SUBSCRIPTIONS_MAX,
 };
 use crate::serve::ClientAddr;
 use crate::subscribe::session::{self, Registration, Session};
+
+/// `cursor`, once this node's topic reaches it within [`SUBSCRIBE_CURSOR_AHEAD_WAIT`] (see
+/// there) with no deletion since the subscription's start; otherwise the topic's
+/// `current_sequence` as it then is. Waits on a clone: the session's own feed still sees every
+/// change from its start.
+async fn reached(feed: &watch::Receiver<TopicSignal>, cursor: u64, deletions_at_start: u64) -> Result<u64, u64> {
+    let mut feed = feed.clone();
+    let settled = |s: &TopicSignal| s.current_sequence >= cursor || s.deleted || s.deletions != deletions_at_start;
+    let _ = tokio::time::timeout(SUBSCRIBE_CURSOR_AHEAD_WAIT, feed.wait_for(settled)).await;
+    let now = *feed.borrow();
+    if now.current_sequence >= cursor && !now.deleted && now.deletions == deletions_at_start {
+        Ok(cursor)
+    } else {
+        Err(now.current_sequence)
+    }
+}
 
 pub async fn subscribe(
     State(app): State<SharedApp>,
@@ -45,12 +64,9 @@ pub async fn subscribe(
         Some("acked") => app.reader.cursor(record.id, &subscriber_id)?.unwrap_or(0),
         Some(text) => match text.parse::<u64>() {
             Ok(n) if n <= record.current_sequence => n,
-            Ok(n) => {
-                return Err(ApiError::InvalidCursor(format!(
-                    "cursor {n} is beyond the topic's current_sequence {}",
-                    record.current_sequence
-                )))
-            }
+            Ok(n) => reached(&feed, n, deletions_at_start).await.map_err(|current| {
+                ApiError::InvalidCursor(format!("cursor {n} is beyond the topic's current_sequence {current}"))
+            })?,
             Err(_) => return Err(ApiError::InvalidCursor(format!("cursor {text:?} is not a number"))),
         },
     };

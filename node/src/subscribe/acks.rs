@@ -1,7 +1,7 @@
 //! Subscriber acks, coalesced: the latest ack per (topic, subscriber) is kept in memory and
-//! all of them are written through Raft as one `Ack` command every
-//! [`ACK_FLUSH_INTERVAL`], so a subscriber acking every message costs one Raft entry per
-//! interval for the whole node, not one per ack.
+//! all of them are written through Raft as `AckBounded` commands of at most
+//! [`ACKS_PER_COMMAND_MAX`] acks every [`ACK_FLUSH_INTERVAL`], so a subscriber acking every
+//! message costs one Raft entry per interval for the whole node, not one per ack.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, Weak};

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
@@ -105,6 +105,7 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     let mut out = Outbox::new(sink);
     let client_gone = Arc::new(Notify::new());
     let acks_refused = Arc::new(Notify::new());
+    let too_large = Arc::new(AtomicBool::new(false));
     let listener = tokio::spawn(listen(
         app.clone(),
         stream,
@@ -112,10 +113,10 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
         session.subscriber_id.clone(),
         out.heard.clone(),
         session.feed.clone(),
-        Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone() },
+        Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone(), too_large: too_large.clone() },
     ));
 
-    let end = serve(&app, &mut out, &session, &Signals { client_gone, acks_refused }).await;
+    let end = serve(&app, &mut out, &session, &Signals { client_gone, acks_refused, too_large }).await;
     listener.abort();
     // No ack is recorded past this point: a stopping node, which waits for every session to
     // get here, can then record the last of them (lib.rs).
@@ -133,6 +134,20 @@ struct Signals {
     client_gone: Arc<Notify>,
     /// The cluster refused an ack of this subscriber (its topic filled while it was connected).
     acks_refused: Arc<Notify>,
+    /// Set before `client_gone` when the client sent a frame over
+    /// [`crate::limits::SUBSCRIBER_FRAME_BYTES_MAX`]: it is told so with close code 1009.
+    too_large: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// How the session ends once `client_gone` fired.
+    fn gone(&self) -> End {
+        if self.too_large.load(Ordering::Relaxed) {
+            End::Close(1009, "a frame from the subscriber was over the size limit")
+        } else {
+            End::Gone
+        }
+    }
 }
 
 /// Reads the client's frames: acks go to the coalescer; anything counts as a sign of life.
@@ -145,7 +160,16 @@ async fn listen(
     feed: watch::Receiver<raft_store::TopicSignal>,
     signals: Signals,
 ) {
-    while let Some(Ok(message)) = stream.next().await {
+    while let Some(received) = stream.next().await {
+        let message = match received {
+            Ok(message) => message,
+            Err(e) => {
+                if crate::api::publish_ws::is_over_size_limit(&e) {
+                    signals.too_large.store(true, Ordering::Relaxed);
+                }
+                break;
+            }
+        };
         *heard.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         match message {
             Message::Text(text) => match serde_json::from_str::<ClientFrame>(&text) {
@@ -297,7 +321,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                         // Without a deadline, only a budget that had room answers.
                         Ok(room) = &mut take => break room,
                         _ = ping.tick() => out.keep_alive().await?,
-                        () = &mut client_gone => return Ok(End::Gone),
+                        () = &mut client_gone => return Ok(signals.gone()),
                         () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
                     }
                 };
@@ -348,7 +372,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 told_acks_refused = true;
                 out.send_all([frames::acks_not_recorded(&s.topic, &s.subscriber_id)]).await?;
             }
-            () = &mut client_gone => return Ok(End::Gone),
+            () = &mut client_gone => return Ok(signals.gone()),
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
