@@ -895,6 +895,37 @@ mod tests {
         assert_eq!(log.read(1, 4, usize::MAX).unwrap(), records(1..4, 10));
     }
 
+    /// Fsyncs of the log's files run one at a time (Linux reports a failed writeback to only
+    /// one of the fsyncs running), and none runs once one failed: the syncer's, a seal's or a
+    /// truncation's alike go through [`SegmentLog::fsync`].
+    #[test]
+    fn fsyncs_never_overlap_and_none_runs_after_one_failed() {
+        use std::sync::atomic::AtomicBool;
+        let (_dir, log) = log_with_a_spare();
+        let running = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..5 {
+                        log.fsync(|| {
+                            assert!(!running.swap(true, Ordering::SeqCst), "two fsyncs at once");
+                            // Room for another thread to come in, if it could.
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            running.store(false, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let failed = log.fsync(|| Err(io::Error::other("injected: EIO")));
+        assert!(matches!(&failed, Err(StoreError::SyncFailed(m)) if m.contains("injected")), "{failed:?}");
+        let later = log.fsync(|| panic!("an fsync ran after one failed"));
+        assert!(matches!(&later, Err(StoreError::SyncFailed(m)) if m.contains("injected")), "{later:?}");
+        log.append(1, framed(records(1..3, 10))).unwrap_err();
+    }
+
     #[test]
     fn a_preallocated_segment_is_overwritten_in_place_and_reopens_cut_to_its_records() {
         let (dir, log) = log_with_a_spare();
