@@ -467,12 +467,20 @@ async fn a_cursor_past_the_nodes_end_is_served_once_the_node_reaches_it() {
     let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
     let l = leader_url(&c).await;
     post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+    let publish = |i: u64| {
+        let (url, body) = (format!("{l}/topics/t/messages"), json!({"id": format!("m{i}"), "payload": i}));
+        async move { post(&url, &body).await }
+    };
+    publish(1).await.unwrap();
     let ahead = tokio::spawn({
         let l = l.clone();
         async move { ws_connect(&l, "/topics/t/subscribe?subscriber_id=s&cursor=2").await }
     });
-    for i in 1..=3 {
-        post(&format!("{l}/topics/t/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
+    // Refused at once, it would be done by now (the panic of a refused connect).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!ahead.is_finished(), "the subscription did not wait for the node to reach its cursor");
+    for i in 2..=3 {
+        publish(i).await.unwrap();
     }
     let mut ws = ahead.await.unwrap();
     assert_eq!(next_frame(&mut ws).await["cursor"], 2);

@@ -64,12 +64,14 @@ pub struct App {
     /// `GET /messages`): lagging readers of large messages cannot hold the node's memory.
     pub read_pages: crate::budget::ByteBudget,
     /// What each client address's pages (`GET /messages` and `GET /topics` bodies, its
-    /// subscriptions' pages) may hold of `read_pages`, so that one client that asks for pages
+    /// subscriptions' pages read from storage) may hold of `read_pages`, so that one client that asks for pages
     /// and does not read them cannot leave none for the others.
     pub client_read_pages: crate::budget::PerClientBudgets,
     /// `/metrics` bodies built and not yet sent (see
     /// [`crate::limits::METRICS_BODIES_BYTES_MAX`]).
     pub metrics_bodies: crate::budget::ByteBudget,
+    /// What each client address's `/metrics` bodies may hold of `metrics_bodies`.
+    pub client_metrics_bodies: crate::budget::PerClientBudgets,
     /// Raft requests received and not yet answered, in bytes (see
     /// [`crate::limits::RAFT_INBOUND_BYTES_MAX`]).
     pub raft_inbound: crate::budget::ByteBudget,

@@ -129,6 +129,7 @@ where
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
         client_read_pages: budget::PerClientBudgets::new(limits::READ_PAGES_BYTES_PER_CLIENT_MAX),
         metrics_bodies: budget::ByteBudget::new(limits::METRICS_BODIES_BYTES_MAX),
+        client_metrics_bodies: budget::PerClientBudgets::new(limits::METRICS_BODIES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));

@@ -88,7 +88,11 @@ pub const METRICS_TOPIC_LINE_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 96;
 /// `/metrics` bodies built and not yet sent: two of the largest a full cluster renders. A
 /// budget of their own, not the read-pages one, so that a node whose readers fill that
 /// budget still answers the scrape that shows it (one render runs at a time anyway).
-pub const METRICS_BODIES_BYTES_MAX: usize = 2 * (METRICS_FIXED_BYTES_MAX + TOPICS_MAX * METRICS_TOPIC_LINE_BYTES_MAX);
+pub const METRICS_BODIES_BYTES_MAX: usize = 2 * METRICS_BODIES_BYTES_PER_CLIENT_MAX;
+/// What one client address's `/metrics` bodies may hold of [`METRICS_BODIES_BYTES_MAX`]: the
+/// largest body, so that one client that scrapes and does not read cannot hold all of it.
+pub const METRICS_BODIES_BYTES_PER_CLIENT_MAX: usize =
+    METRICS_FIXED_BYTES_MAX + TOPICS_MAX * METRICS_TOPIC_LINE_BYTES_MAX;
 /// How long a scrape waits for room in [`METRICS_BODIES_BYTES_MAX`] before `503 unavailable`.
 pub const METRICS_BODIES_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -835,9 +835,12 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 pub(crate) fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     let created: Vec<&Path> = dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
     fs::create_dir_all(dir)?;
-    let parents = std::iter::once(dir).chain(created).filter_map(Path::parent);
-    for parent in parents.filter(|p| !p.as_os_str().is_empty()) {
-        sync_dir(parent)?;
+    // The parent of each directory created, and of `dir` itself; a relative path's top
+    // directory is an entry of the working directory.
+    let mut parents: Vec<&Path> = std::iter::once(dir).chain(created).filter_map(Path::parent).collect();
+    parents.dedup();
+    for parent in parents {
+        sync_dir(if parent.as_os_str().is_empty() { Path::new(".") } else { parent })?;
     }
     Ok(())
 }

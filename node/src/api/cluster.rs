@@ -5,15 +5,16 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use openraft::ServerState;
 use serde_json::{json, Value};
 
 use crate::app::{Leadership, SharedApp};
-use crate::budget::ReadRoom;
+use crate::budget::{ReadRoom, RoomFull};
 use crate::error::ApiError;
 use crate::limits::METRICS_BODIES_WAIT_TIMEOUT;
 use crate::metrics::Metrics;
+use crate::serve::ClientAddr;
 
 pub fn role(state: ServerState) -> &'static str {
     match state {
@@ -78,15 +79,20 @@ pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError
     Ok(Json(json!({"status": "ready", "last_applied": applied, "commit_index": committed})))
 }
 
-/// The body (one series per topic: megabytes with many) counts against the metrics budget
-/// until sent, and is built off the async workers. That budget is not the read-pages one, so
-/// a node whose readers fill theirs still shows it.
-pub async fn metrics(State(app): State<SharedApp>) -> Result<Response, ApiError> {
+/// The body (one series per topic: megabytes with many) counts against the metrics budget and
+/// its client's share until sent, and is built off the async workers. That budget is not the
+/// read-pages one, so a node whose readers fill theirs still shows it.
+pub async fn metrics(
+    State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
+) -> Result<Response, ApiError> {
+    let own = client.map(|Extension(ClientAddr(addr))| app.client_metrics_bodies.of(addr.ip()));
     let bytes = Metrics::rendered_bytes_max(app.reader.topic_count());
     let deadline = tokio::time::Instant::now() + METRICS_BODIES_WAIT_TIMEOUT;
-    let room = ReadRoom::take(&app.metrics_bodies, None, bytes, Some(deadline))
-        .await
-        .map_err(|_| ApiError::Unavailable("the node is busy sending metrics to other scrapers".into()))?;
+    let room = ReadRoom::take(&app.metrics_bodies, own, bytes, Some(deadline)).await.map_err(|full| match full {
+        RoomFull::Client => ApiError::Unavailable("this client already holds a metrics body it has not read".into()),
+        RoomFull::Node => ApiError::Unavailable("the node is busy sending metrics to other scrapers".into()),
+    })?;
     let turn = app.metrics.render_turn().await;
     // The room and the turn go with the render: a client gone meanwhile does not give them
     // back while the body is still being built.

@@ -26,15 +26,27 @@ use crate::subscribe::session::{self, Registration, Session};
 /// there) with no deletion since the subscription's start; otherwise the topic's
 /// `current_sequence` as it then is. Waits on a clone: the session's own feed still sees every
 /// change from its start.
-async fn reached(feed: &watch::Receiver<TopicSignal>, cursor: u64, deletions_at_start: u64) -> Result<u64, u64> {
+/// A node that starts shutting down meanwhile answers `503 unavailable` at once.
+async fn reached(
+    app: &SharedApp,
+    feed: &watch::Receiver<TopicSignal>,
+    cursor: u64,
+    deletions_at_start: u64,
+) -> Result<u64, ApiError> {
     let mut feed = feed.clone();
     let settled = |s: &TopicSignal| s.current_sequence >= cursor || s.deleted || s.deletions != deletions_at_start;
-    let _ = tokio::time::timeout(SUBSCRIBE_CURSOR_AHEAD_WAIT, feed.wait_for(settled)).await;
+    tokio::select! {
+        _ = tokio::time::timeout(SUBSCRIBE_CURSOR_AHEAD_WAIT, feed.wait_for(settled)) => {}
+        () = app.shutdown.cancelled() => return Err(ApiError::Unavailable("the node is shutting down".into())),
+    }
     let now = *feed.borrow();
     if now.current_sequence >= cursor && !now.deleted && now.deletions == deletions_at_start {
         Ok(cursor)
     } else {
-        Err(now.current_sequence)
+        Err(ApiError::InvalidCursor(format!(
+            "cursor {cursor} is beyond the topic's current_sequence {}",
+            now.current_sequence
+        )))
     }
 }
 
@@ -64,9 +76,7 @@ pub async fn subscribe(
         Some("acked") => app.reader.cursor(record.id, &subscriber_id)?.unwrap_or(0),
         Some(text) => match text.parse::<u64>() {
             Ok(n) if n <= record.current_sequence => n,
-            Ok(n) => reached(&feed, n, deletions_at_start).await.map_err(|current| {
-                ApiError::InvalidCursor(format!("cursor {n} is beyond the topic's current_sequence {current}"))
-            })?,
+            Ok(n) => reached(&app, &feed, n, deletions_at_start).await?,
             Err(_) => return Err(ApiError::InvalidCursor(format!("cursor {text:?} is not a number"))),
         },
     };
