@@ -720,3 +720,36 @@ async fn a_node_holds_at_most_its_raft_inbound_budget_of_requests() {
     let most = most.into_inner();
     assert!(most >= RAFT_INBOUND_BYTES_MAX - 4 * PAYLOAD_BYTES, "the budget filled: at most {most} bytes were held");
 }
+
+/// A node started under a low soft open-files limit raises it to the hard limit, as Go's
+/// runtime does for NATS and etcd: each subscription and connection is a file, and a soft
+/// limit of 1,024 (a common default) would refuse connections from the 1,000th on.
+#[tokio::test]
+async fn a_node_raises_its_open_files_limit_to_the_hard_one() {
+    use std::process::{Command, Stdio};
+    let port = pubsub_tests::free_ports(1)[0];
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -Sn 256 && exec \"$0\" --listen 127.0.0.1:{port} --data-dir \"$1\""))
+        .arg(pubsub_tests::node_binary())
+        .arg(dir.path().join("node-1"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the node runs");
+    let url = format!("http://127.0.0.1:{port}");
+    wait_until("the node answers", CONVERGE, || async {
+        pubsub_tests::http::get(&format!("{url}/health")).await.ok().filter(|r| r.status == 200)
+    })
+    .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("an open-files line");
+    let values: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    let (soft, hard) = (values[0], values[1]);
+    let expected = if hard == "unlimited" { (1u64 << 20).to_string() } else { hard.to_string() };
+    assert_eq!(soft, expected, "{line}");
+    assert_ne!(soft, "256", "{line}");
+}

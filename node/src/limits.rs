@@ -264,6 +264,13 @@ pub const DELIVERY_THREAD_NICE: i32 = 5;
 /// Subscriptions one node serves at once; more are refused with 503.
 pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 
+/// Open files a node may use: a file per subscription and per publishing WebSocket at their
+/// bounds, and room for peers, HTTP clients, the log and RocksDB. Below it the node warns at
+/// start (it raises its soft limit to the hard one first).
+pub const OPEN_FILES_WANTED: usize = SUBSCRIPTIONS_MAX + PUBLISH_WS_CONNECTIONS_MAX + 16_384;
+/// The soft open-files limit taken when the hard one is unlimited (Linux's default `nr_open`).
+pub const OPEN_FILES_UNLIMITED_CAP: u64 = 1 << 20;
+
 /// How often coalesced acks are written through Raft.
 pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a stopping node waits for its subscriptions to stop reading acks (each does when

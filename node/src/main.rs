@@ -2,7 +2,9 @@
 
 use axum::serve::ListenerExt;
 use clap::Parser;
-use pubsub_node::limits::{DELIVERY_CORES_PER_THREAD, DELIVERY_THREAD_NICE};
+use pubsub_node::limits::{
+    DELIVERY_CORES_PER_THREAD, DELIVERY_THREAD_NICE, OPEN_FILES_UNLIMITED_CAP, OPEN_FILES_WANTED,
+};
 use pubsub_node::{Config, Env, Flags};
 
 /// jemalloc rather than glibc's malloc: Raft batches and log reads allocate buffers of
@@ -13,10 +15,57 @@ use pubsub_node::{Config, Env, Flags};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
+    // Before any thread starts, so that every one sees the raised limit.
+    let open_files = raise_open_files_limit();
     let delivery = delivery_runtime();
     let node =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("cannot start the tokio runtime");
-    node.block_on(node_main(delivery.handle().clone()));
+    node.block_on(node_main(delivery.handle().clone(), open_files));
+}
+
+/// The open-files limit as found and as raised: the soft limit goes up to the hard one (as
+/// Go's runtime does for NATS and etcd), since every subscription and client connection is a
+/// file and a common soft limit of 1,024 would refuse connections long before
+/// [`OPEN_FILES_WANTED`]. `None` when the limit cannot be read.
+fn raise_open_files_limit() -> Option<(u64, u64)> {
+    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        let found = limit.rlim_cur as u64;
+        // An unlimited hard limit is not a value the soft one may take on Linux.
+        let wanted =
+            if limit.rlim_max == libc::RLIM_INFINITY { OPEN_FILES_UNLIMITED_CAP } else { limit.rlim_max as u64 };
+        if wanted > found {
+            let raised = libc::rlimit { rlim_cur: wanted as libc::rlim_t, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return Some((found, wanted));
+            }
+        }
+        Some((found, found))
+    }
+}
+
+/// Logs the open-files limit, warning when it is below what the node may use.
+fn report_open_files_limit(open_files: Option<(u64, u64)>) {
+    let Some((found, now)) = open_files else {
+        tracing::warn!("cannot read the open-files limit");
+        return;
+    };
+    if now > found {
+        tracing::info!(from = found, to = now, "raised the open-files limit");
+    }
+    if now < OPEN_FILES_WANTED as u64 {
+        tracing::warn!(
+            limit = now,
+            wanted = OPEN_FILES_WANTED,
+            "the open-files limit is below what this node may use (a file per connection and \
+             subscription): past it, connections are refused; raise the hard limit (ulimit -Hn, \
+             LimitNOFILE=, docker --ulimit nofile=)"
+        );
+    }
 }
 
 /// The runtime of subscription sessions: its own threads, at a lower priority than the
@@ -46,7 +95,7 @@ fn lower_this_threads_priority() {
     }
 }
 
-async fn node_main(delivery: tokio::runtime::Handle) {
+async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u64)>) {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
@@ -61,6 +110,7 @@ async fn node_main(delivery: tokio::runtime::Handle) {
             std::process::exit(2);
         }
     };
+    report_open_files_limit(open_files);
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(e) => {
