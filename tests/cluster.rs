@@ -579,9 +579,14 @@ struct Stranger(std::process::Child);
 
 impl Stranger {
     fn start(id: u64, addr: &str, data_dir: &std::path::Path, log: &std::path::Path) -> Stranger {
+        Self::start_in(id, addr, &format!("{id}={addr}"), data_dir, log)
+    }
+
+    /// Node `id` at `addr` of the cluster of `peers`.
+    fn start_in(id: u64, addr: &str, peers: &str, data_dir: &std::path::Path, log: &std::path::Path) -> Stranger {
         let log = std::fs::File::options().create(true).append(true).open(log).unwrap();
         let child = std::process::Command::new(pubsub_tests::node_binary())
-            .args(["--id", &id.to_string(), "--listen", addr, "--peers", &format!("{id}={addr}")])
+            .args(["--id", &id.to_string(), "--listen", addr, "--peers", peers])
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--cluster-secret", "test-secret"])
@@ -659,6 +664,48 @@ async fn a_node_of_another_cluster_at_a_peer_address_refuses_our_leader() {
     let topics = pubsub_tests::http::get(&format!("http://{addr}/topics")).await.unwrap().body;
     assert_eq!(topics["topics"].as_array().unwrap().len(), 1, "{topics}");
     assert_eq!((&topics["topics"][0]["name"], &topics["topics"][0]["message_count"]), (&json!("theirs"), &json!(1)));
+}
+
+/// A new cluster whose peer list names a node of another cluster (node 3's address taken by a
+/// stranger): its nodes dial the stranger before they know their own cluster's id. The
+/// stranger, which knows its own, refuses a peer that presents none, and once our id is known
+/// our nodes dial again presenting it, refused as another cluster's; the stranger keeps its
+/// own log and leadership. Before, it took the anonymous connection: it voted for our node 1,
+/// took it as its leader, and its Raft core failed (an index out of bounds in openraft).
+#[tokio::test]
+async fn a_connection_dialed_before_the_cluster_id_was_known_presents_it_once_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = pubsub_tests::free_ports(3);
+    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+    let stranger_log = dir.path().join("stranger.log");
+    let _stranger = Stranger::start(3, &addr(2), &dir.path().join("stranger"), &stranger_log);
+    let theirs = Stranger::cluster_id(&addr(2)).await;
+    post_raw(&format!("http://{}/topics/theirs", addr(2)), "").await.unwrap();
+
+    let peers = format!("1={},2={},3={}", addr(0), addr(1), addr(2));
+    let _ours: Vec<Stranger> = (0..2)
+        .map(|i| {
+            let (data_dir, log) =
+                (dir.path().join(format!("node-{}", i + 1)), dir.path().join(format!("node-{}.log", i + 1)));
+            Stranger::start_in(i as u64 + 1, &addr(i), &peers, &data_dir, &log)
+        })
+        .collect();
+    let ours = wait_until("our cluster's id", CONVERGE, || async {
+        let info = pubsub_tests::http::get(&format!("http://{}/cluster", addr(0))).await.ok()?.body;
+        info["cluster_id"].as_str().filter(|id| *id != theirs).map(String::from)
+    })
+    .await;
+    wait_until("the stranger refusing our nodes", CONVERGE, || async {
+        let log = std::fs::read_to_string(&stranger_log).ok()?;
+        log.contains(&format!("belongs to cluster {theirs}, not {ours}")).then_some(())
+    })
+    .await;
+    let info = pubsub_tests::http::get(&format!("http://{}/cluster", addr(2))).await.unwrap().body;
+    assert_eq!((&info["role"], &info["cluster_id"]), (&json!("leader"), &json!(theirs)));
+    let topics = pubsub_tests::http::get(&format!("http://{}/topics", addr(2))).await.unwrap().body;
+    assert_eq!(topics["topics"][0]["name"], json!("theirs"), "{topics}");
+    let log = std::fs::read_to_string(&stranger_log).unwrap();
+    assert!(!log.contains("leader=Some(1)"), "the stranger took our node as its leader:\n{log}");
 }
 
 /// A peer cannot make a node hold more than `RAFT_INBOUND_BYTES_MAX` of requests at once:

@@ -31,8 +31,12 @@ pub enum ApiError {
     RequestTimeout(u64),
     #[error("missing or wrong cluster secret")]
     Unauthorized,
-    #[error("this node belongs to cluster {ours}, not {presented}: check the peer addresses")]
-    WrongCluster { ours: String, presented: String },
+    /// `presented` is `None` for a peer that knows no cluster id yet.
+    #[error(
+        "this node belongs to cluster {ours}, not {}: check the peer addresses",
+        presented.as_deref().unwrap_or("to one still forming (the peer presented no id)")
+    )]
+    WrongCluster { ours: String, presented: Option<String> },
     #[error("the write was not committed within {0} ms; it may still commit")]
     RaftTimeout(u128),
     #[error("the write was appended but not committed: {0}")]

@@ -129,12 +129,14 @@ impl PeerConn {
 
 type Ws = tokio_tungstenite::WebSocketStream<crate::net::BoxedStream>;
 
+/// Dials `addr` presenting the secret and, when one is known, the cluster id; returns the
+/// connection and whether it presented an id.
 async fn dial(
     env: &Env,
     addr: &str,
     intro: &Introduction,
     progress: &Arc<WriteProgress>,
-) -> Result<Ws, TransportError> {
+) -> Result<(Ws, bool), TransportError> {
     let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable(format!("{addr}: {e}"));
     let inner = env.dialer.dial(addr).await.map_err(|e| unreachable(&e))?;
     let stream: BoxedStream = Box::new(Metered { inner, progress: progress.clone() });
@@ -143,8 +145,9 @@ async fn dial(
         let value = HeaderValue::from_str(&format!("Bearer {secret}")).map_err(|e| unreachable(&e))?;
         request.headers_mut().insert(AUTHORIZATION, value);
     }
-    if let Some(id) = (intro.cluster_id)() {
-        let value = HeaderValue::from_str(&id).map_err(|e| unreachable(&e))?;
+    let cluster_id = (intro.cluster_id)();
+    if let Some(id) = &cluster_id {
+        let value = HeaderValue::from_str(id).map_err(|e| unreachable(&e))?;
         request.headers_mut().insert(CLUSTER_ID_HEADER, value);
     }
     let (ws, _) =
@@ -157,7 +160,7 @@ async fn dial(
             }
             e => unreachable(&e),
         })?;
-    Ok(ws)
+    Ok((ws, cluster_id.is_some()))
 }
 
 /// The connection task: dial on demand, pump requests out and responses back.
@@ -165,17 +168,18 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
     loop {
         let Some(first) = rx.recv().await else { return };
         let progress = WriteProgress::new();
-        let ws = match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &intro, &progress)).await {
-            Ok(Ok(ws)) => ws,
-            Ok(Err(e)) => {
-                fail_queued(first, &mut rx, e);
-                continue;
-            }
-            Err(_) => {
-                fail_queued(first, &mut rx, TransportError::Unreachable(format!("{addr}: dial timed out")));
-                continue;
-            }
-        };
+        let (ws, presented_id) =
+            match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &intro, &progress)).await {
+                Ok(Ok(dialed)) => dialed,
+                Ok(Err(e)) => {
+                    fail_queued(first, &mut rx, e);
+                    continue;
+                }
+                Err(_) => {
+                    fail_queued(first, &mut rx, TransportError::Unreachable(format!("{addr}: dial timed out")));
+                    continue;
+                }
+            };
         tracing::debug!(peer = %addr, "raft connection open");
         let (mut sink, mut stream) = ws.split();
         let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> = HashMap::new();
@@ -235,6 +239,13 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                     None => return,
                 },
                 _ = check.tick() => {
+                    // Dialed before this node knew its cluster's id (a new cluster's first
+                    // election): the peer could not check it, and a node of another cluster
+                    // at that address would take our entries for as long as the connection
+                    // lasts. Dialed again, the id goes with it.
+                    if !presented_id && (intro.cluster_id)().is_some() {
+                        break "dialing again to present the cluster id, known now".into();
+                    }
                     pending.retain(|_, reply| !reply.is_closed());
                     if pending.is_empty() {
                         continue;

@@ -49,17 +49,23 @@ pub async fn handle(
         .on_upgrade(move |socket| serve_peer(app, socket, presented))
 }
 
-/// Refuses a peer that presents another cluster's id than the one this node applied. One
-/// that presents none (a new node), or a node with none yet (a new node too), passes.
+/// Refuses a peer that presents another cluster's id than the one this node applied, or none
+/// at all once this node has one: a peer that knows no id yet is a node of a cluster still
+/// forming (or one whose data was wiped), and if it is not of ours its vote requests and
+/// appends would take this node over (a new cluster whose peer list named a node of another
+/// one elected its leader with that node's vote, and the node's Raft core then failed). A
+/// node of ours that knows no id yet loses nothing: our nodes that know it dial it, and it
+/// learns the id from them. A node with none yet (a new node) takes any peer.
 fn same_cluster(app: &SharedApp, presented: Option<&str>) -> Result<(), ApiError> {
-    match (app.reader.cluster_id(), presented) {
+    let refused = match (app.reader.cluster_id(), presented) {
         (Some(ours), Some(presented)) if ours != presented => {
-            let refused = ApiError::WrongCluster { ours: ours.to_string(), presented: presented.to_string() };
-            tracing::warn!("refused a raft peer: {refused}");
-            Err(refused)
+            ApiError::WrongCluster { ours: ours.to_string(), presented: Some(presented.to_string()) }
         }
-        _ => Ok(()),
-    }
+        (Some(ours), None) => ApiError::WrongCluster { ours: ours.to_string(), presented: None },
+        _ => return Ok(()),
+    };
+    tracing::warn!("refused a raft peer: {refused}");
+    Err(refused)
 }
 
 /// Serves one peer's connection. `presented` is the cluster id it presented when it dialed:
