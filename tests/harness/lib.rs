@@ -195,13 +195,19 @@ impl Cluster {
         format!("http://{}", self.nodes[i].addr)
     }
 
-    /// A connection to node `i`'s `/raft`, as a peer holding the cluster's secret.
+    /// A connection to node `i`'s `/raft`, as a peer holding the cluster's secret and
+    /// presenting its id (a node that has one refuses peers presenting none).
     pub async fn raft_peer(&self, i: usize) -> RaftPeer {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let mut request = format!("ws://{}/raft", self.nodes[i].addr).into_client_request().unwrap();
         if let Some(secret) = &self.options.secret {
             request.headers_mut().insert("authorization", format!("Bearer {secret}").parse().unwrap());
         }
+        let id = wait_until("the node's cluster id", Duration::from_secs(20), || async {
+            Some(self.cluster_info(i).await?["cluster_id"].as_str()?.to_string())
+        })
+        .await;
+        request.headers_mut().insert("x-pubsub-cluster-id", id.parse().unwrap());
         tokio_tungstenite::connect_async(request).await.expect("a peer connects").0
     }
 

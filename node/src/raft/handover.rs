@@ -113,7 +113,10 @@ impl Handover {
             }
         }
         let successor = self.successor.0;
-        let (took, _) = futures_util::join!(step_down(self.successor, true), others.collect::<Vec<_>>());
+        // Told to stand only when enough others took it: otherwise those still holding the
+        // lease would refuse its vote, and the term would go up for nothing.
+        let elect = told >= needed;
+        let (took, _) = futures_util::join!(step_down(self.successor, elect), others.collect::<Vec<_>>());
         if took {
             tracing::info!(successor, %vote, others_told = told, "handed leadership over");
         }
@@ -227,6 +230,23 @@ mod tests {
         let (elect, at) = told.recv().await.expect("the successor was told");
         assert!(elect, "told to stand");
         assert!(at - started >= SLOW, "told {:?} after the start, before the slow voter took it", at - started);
+    }
+
+    /// Three voters whose other one does not take the step-down: the successor is told of it,
+    /// but not to stand (it would be refused on the lease, in a term raised for nothing).
+    #[tokio::test]
+    async fn the_successor_is_not_told_to_stand_when_too_few_others_took_it() {
+        let (heard, mut told) = tokio::sync::mpsc::unbounded_channel();
+        let none = tokio::sync::mpsc::unbounded_channel().0;
+        let not_taking = voter(|| RpcResponse::StepDownRefused, std::time::Duration::ZERO, none).await;
+        let successor = voter(|| RpcResponse::SteppedDown, std::time::Duration::ZERO, heard).await;
+        let handover =
+            Handover { vote: Vote::new_committed(3, 1), successor: (3, successor), others: vec![(2, not_taking)] };
+        let intro = super::super::network::Introduction { secret: None, cluster_id: std::sync::Arc::new(|| None) };
+        let peers = PeerPool::new(crate::net::Env::production(None), intro);
+        assert!(handover.run(&peers).await, "the successor took the step-down");
+        let (elect, _) = told.recv().await.expect("the successor was told");
+        assert!(!elect, "told to stand with too few others");
     }
 
     #[test]
