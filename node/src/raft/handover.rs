@@ -10,7 +10,8 @@
 //! 3. [`Handover::run`]: tell the other voters that the leader stepped down (they stop waiting
 //!    out its lease, which would make them refuse every vote), then, as soon as enough of them
 //!    have taken it to elect the successor, the successor, which stands at once and gets their
-//!    votes. A dead voter does not hold the successor back for its timeout.
+//!    votes (when too few took it, the successor is told of the step-down but not to stand).
+//!    A dead voter does not hold the successor back for its timeout.
 //!
 //! Safety does not rest on any of this: a vote is still granted only to a candidate whose log
 //! is at least as up to date, once per term. If the hand-over fails (the successor died, or
