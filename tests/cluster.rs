@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use pubsub_tests::http::{post, post_raw};
+use pubsub_tests::http::{get, post, post_raw};
 use pubsub_tests::{assert_converged, publish_retrying, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
@@ -558,7 +558,7 @@ async fn a_data_dir_given_to_another_node_id_is_refused() {
 /// believes the new one formed; the same voters start again.
 #[tokio::test]
 async fn a_data_dir_of_a_cluster_with_other_voters_is_refused() {
-    let (c, data_dir) = stopped_single_node().await;
+    let (mut c, data_dir) = stopped_single_node().await;
     let ports = pubsub_tests::free_ports(3);
     let peers = format!("1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}", ports[0], ports[1], ports[2]);
     let listen = format!("127.0.0.1:{}", ports[0]);
@@ -568,13 +568,13 @@ async fn a_data_dir_of_a_cluster_with_other_voters_is_refused() {
         "{stderr}"
     );
     // Untouched: the node it belongs to starts on it again.
-    let mut c = c;
     c.restart(0);
     create_topic(&c, "u").await;
     drop(c);
 }
 
-/// A single-node cluster of its own, as node `id` at `addr` on `data_dir`; killed when dropped.
+/// A node process a test started itself (by default a single-node cluster of its own); killed
+/// when dropped.
 struct Stranger(std::process::Child);
 
 impl Stranger {
@@ -601,7 +601,7 @@ impl Stranger {
     /// Its cluster id, once it leads and has applied one.
     async fn cluster_id(addr: &str) -> String {
         wait_until("the stranger leads and has a cluster id", CONVERGE, || async {
-            let info = pubsub_tests::http::get(&format!("http://{addr}/cluster")).await.ok()?.body;
+            let info = get(&format!("http://{addr}/cluster")).await.ok()?.body;
             (info["role"] == "leader").then_some(())?;
             Some(info["cluster_id"].as_str()?.to_string())
         })
@@ -659,9 +659,9 @@ async fn a_node_of_another_cluster_at_a_peer_address_refuses_our_leader() {
     let l = c.url(c.wait_leader(CONVERGE).await);
     let r = post(&format!("{l}/topics/ours/messages"), &json!({"payload": 2})).await.unwrap();
     assert_eq!(r.status, 201, "ours goes on with two of three: {r:?}\n{}", c.logs());
-    let info = pubsub_tests::http::get(&format!("http://{addr}/cluster")).await.unwrap().body;
+    let info = get(&format!("http://{addr}/cluster")).await.unwrap().body;
     assert_eq!((&info["role"], &info["cluster_id"]), (&json!("leader"), &json!(theirs)));
-    let topics = pubsub_tests::http::get(&format!("http://{addr}/topics")).await.unwrap().body;
+    let topics = get(&format!("http://{addr}/topics")).await.unwrap().body;
     assert_eq!(topics["topics"].as_array().unwrap().len(), 1, "{topics}");
     assert_eq!((&topics["topics"][0]["name"], &topics["topics"][0]["message_count"]), (&json!("theirs"), &json!(1)));
 }
@@ -691,7 +691,7 @@ async fn a_connection_dialed_before_the_cluster_id_was_known_presents_it_once_kn
         })
         .collect();
     let ours = wait_until("our cluster's id", CONVERGE, || async {
-        let info = pubsub_tests::http::get(&format!("http://{}/cluster", addr(0))).await.ok()?.body;
+        let info = get(&format!("http://{}/cluster", addr(0))).await.ok()?.body;
         info["cluster_id"].as_str().filter(|id| *id != theirs).map(String::from)
     })
     .await;
@@ -700,9 +700,9 @@ async fn a_connection_dialed_before_the_cluster_id_was_known_presents_it_once_kn
         log.contains(&format!("belongs to cluster {theirs}, not {ours}")).then_some(())
     })
     .await;
-    let info = pubsub_tests::http::get(&format!("http://{}/cluster", addr(2))).await.unwrap().body;
+    let info = get(&format!("http://{}/cluster", addr(2))).await.unwrap().body;
     assert_eq!((&info["role"], &info["cluster_id"]), (&json!("leader"), &json!(theirs)));
-    let topics = pubsub_tests::http::get(&format!("http://{}/topics", addr(2))).await.unwrap().body;
+    let topics = get(&format!("http://{}/topics", addr(2))).await.unwrap().body;
     assert_eq!(topics["topics"][0]["name"], json!("theirs"), "{topics}");
     let log = std::fs::read_to_string(&stranger_log).unwrap();
     assert!(!log.contains("leader=Some(1)"), "the stranger took our node as its leader:\n{log}");
@@ -776,23 +776,24 @@ async fn a_node_raises_its_open_files_limit_to_the_hard_one() {
     use std::process::{Command, Stdio};
     let port = pubsub_tests::free_ports(1)[0];
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -Sn 256 && exec \"$0\" --listen 127.0.0.1:{port} --data-dir \"$1\""))
-        .arg(pubsub_tests::node_binary())
-        .arg(dir.path().join("node-1"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the node runs");
+    let node = Stranger(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -Sn 256 && exec \"$0\" --listen 127.0.0.1:{port} --data-dir \"$1\""))
+            .arg(pubsub_tests::node_binary())
+            .arg(dir.path().join("node-1"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the node runs"),
+    );
     let url = format!("http://127.0.0.1:{port}");
     wait_until("the node answers", CONVERGE, || async {
-        pubsub_tests::http::get(&format!("{url}/health")).await.ok().filter(|r| r.status == 200)
+        get(&format!("{url}/health")).await.ok().filter(|r| r.status == 200)
     })
     .await;
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", node.0.id())).unwrap();
+    drop(node);
     let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("an open-files line");
     let values: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
     let (soft, hard) = (values[0], values[1]);

@@ -89,14 +89,10 @@ impl ApiError {
 
     /// The API.md error body.
     pub fn body(&self) -> Value {
-        if let Self::Unconfirmed { id, cause } = self {
-            return cause.body_naming_id(id);
-        }
-        if let Self::UnconfirmedBatch { ids, cause } = self {
-            let mut body = cause.body();
-            body["ids"] = json!(ids);
-            body["details"]["ids"] = json!(ids);
-            return body;
+        match self {
+            Self::Unconfirmed { id, cause } => return cause.body_naming("id", json!(id)),
+            Self::UnconfirmedBatch { ids, cause } => return cause.body_naming("ids", json!(ids)),
+            _ => {}
         }
         let (_, code) = self.status_and_code();
         let message = truncated(&self.to_string(), ERROR_MESSAGE_CHARS_MAX);
@@ -136,9 +132,14 @@ impl ApiError {
 
     /// The error body with the message `id` at the top level and in `details`.
     pub fn body_naming_id(&self, id: &str) -> Value {
+        self.body_naming("id", json!(id))
+    }
+
+    /// The error body with `key: value` at the top level and in `details`.
+    fn body_naming(&self, key: &str, value: Value) -> Value {
         let mut body = self.body();
-        body["id"] = json!(id);
-        body["details"]["id"] = json!(id);
+        body["details"][key] = value.clone();
+        body[key] = value;
         body
     }
 

@@ -91,8 +91,7 @@ pub const METRICS_TOPIC_LINE_BYTES_MAX: usize = TOPIC_NAME_CHARS_MAX + 96;
 pub const METRICS_BODIES_BYTES_MAX: usize = 2 * METRICS_BODIES_BYTES_PER_CLIENT_MAX;
 /// What one client address's `/metrics` bodies may hold of [`METRICS_BODIES_BYTES_MAX`]: the
 /// largest body, so that one client that scrapes and does not read cannot hold all of it.
-pub const METRICS_BODIES_BYTES_PER_CLIENT_MAX: usize =
-    METRICS_FIXED_BYTES_MAX + TOPICS_MAX * METRICS_TOPIC_LINE_BYTES_MAX;
+pub const METRICS_BODIES_BYTES_PER_CLIENT_MAX: usize = crate::metrics::Metrics::rendered_bytes_max(TOPICS_MAX);
 /// How long a scrape waits for room in [`METRICS_BODIES_BYTES_MAX`] before `503 unavailable`.
 pub const METRICS_BODIES_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -246,7 +246,7 @@ impl Metrics {
 
     /// The most bytes [`Metrics::render`] can produce with `topics` active topics: the body is
     /// reserved in the metrics budget before it is built.
-    pub fn rendered_bytes_max(topics: usize) -> usize {
+    pub const fn rendered_bytes_max(topics: usize) -> usize {
         METRICS_FIXED_BYTES_MAX + topics * METRICS_TOPIC_LINE_BYTES_MAX
     }
 

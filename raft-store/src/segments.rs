@@ -417,8 +417,7 @@ impl SegmentLog {
             // right after a shorter new record would read as valid after a crash. On disk
             // first, so a failed cut leaves the records known.
             segment.file.set_len(segment.offsets[position])?;
-            let file = segment.file.clone();
-            self.fsync(|| file.sync_all())?;
+            self.fsync(|| segment.file.sync_all())?;
             segment.len = segment.offsets[position];
             segment.offsets.truncate(position);
             segment.preallocated = false;

@@ -645,23 +645,14 @@ mod tests {
         use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftSnapshotBuilder};
 
         use crate::db::{cf, synced};
-        use crate::keys::{INSTALL_PENDING, LAST_APPLIED};
+        use crate::keys::{CF_SM_META, INSTALL_PENDING, LAST_APPLIED};
+        use crate::rules::tests::{create, publish_at};
         use crate::snapshot::PendingInstall;
         use crate::typ::Entry;
-        use crate::{NewMessage, Request, Retention};
+        use crate::{Request, Retention};
         let entry = |index: u64, request: Request| Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(request),
-        };
-        let create = |topic: &str| Request::CreateTopic {
-            topic: topic.into(),
-            metadata: None,
-            retention: Retention::default(),
-            now_ms: 1,
-        };
-        let publish = |i: u64| {
-            let message = NewMessage { id: format!("m{i}"), timestamp: 2, payload: bytes::Bytes::from(i.to_string()) };
-            Request::Publish { topic: "a".into(), messages: vec![message], now_ms: 2 }
         };
         let state = |reader: &crate::StoreReader| {
             let record = reader.topic("a").expect("topic a");
@@ -671,14 +662,14 @@ mod tests {
 
         let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut leader = crate::open(leader_dir.path()).unwrap();
-        let mut entries = vec![entry(1, create("a"))];
-        entries.extend((2..=50).map(|i| entry(i, publish(i))));
+        let mut entries = vec![entry(1, create("a", Retention::default()))];
+        entries.extend((2..=50).map(|i| entry(i, publish_at("a", &[&format!("m{i}")], 2))));
         leader.state_machine.apply(entries).await.unwrap();
         let snapshot = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
         let leader_file = leader.state_machine.snapshots.path(&snapshot.meta.snapshot_id);
 
         let mut follower = crate::open(follower_dir.path()).unwrap();
-        follower.state_machine.apply(vec![entry(1, create("stale"))]).await.unwrap();
+        follower.state_machine.apply(vec![entry(1, create("stale", Retention::default()))]).await.unwrap();
         // What a crash leaves: the received file in place, the marker naming it, and the first
         // batch of the install (`snapshot::install_pending`) written; nothing after.
         let files = follower.state_machine.snapshots.clone();
@@ -689,7 +680,7 @@ mod tests {
             meta: snapshot.meta.clone(),
         };
         let db = &follower.state_machine.db;
-        let meta_cf = cf(db, crate::keys::SM_CFS[0]).unwrap();
+        let meta_cf = cf(db, CF_SM_META).unwrap();
         db.put_cf_opt(meta_cf, INSTALL_PENDING, bincode::serialize(&pending).unwrap(), &synced()).unwrap();
         db.delete_cf_opt(meta_cf, LAST_APPLIED, &synced()).unwrap();
         let closed = follower.closed;
@@ -699,7 +690,7 @@ mod tests {
         let mut reopened = crate::open(follower_dir.path()).unwrap();
         assert_eq!(state(&reopened.reader), state(&leader.reader));
         assert!(reopened.reader.topic("stale").is_none());
-        let meta_cf = cf(&reopened.state_machine.db, crate::keys::SM_CFS[0]).unwrap();
+        let meta_cf = cf(&reopened.state_machine.db, CF_SM_META).unwrap();
         assert!(reopened.state_machine.db.get_cf(meta_cf, INSTALL_PENDING).unwrap().is_none());
         let current = reopened.state_machine.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, snapshot.meta);

@@ -33,7 +33,7 @@ use super::publish::{new_message_from, present, publish_outcome, queue_publish, 
 use super::topics::active;
 use crate::app::SharedApp;
 use crate::budget::ByteBudget;
-use crate::error::ApiError;
+use crate::error::{truncated, ApiError};
 use crate::limits::{
     PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_CONNECTIONS_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX,
     PUBLISH_WS_FRAME_READ_BYTES_MAX, PUBLISH_WS_GROUP_BYTES_MAX, PUBLISH_WS_GROUP_FRAMES_MAX, PUBLISH_WS_IDLE_TIMEOUT,
@@ -112,12 +112,6 @@ fn frame_with_body(reference: Option<&RawValue>, body: &str) -> String {
         Some(fields) => format!("{{\"type\":\"error\",\"ref\":{reference},{fields}"),
         None => format!("{{\"type\":\"error\",\"ref\":{reference}}}"),
     }
-}
-
-/// `text` cut to [`PUBLISH_WS_ERROR_TEXT_CHARS_MAX`] characters: serde's messages quote the
-/// offending value, and every frame's answer waits in a queue bounded by count.
-fn truncated(text: &str) -> String {
-    crate::error::truncated(text, PUBLISH_WS_ERROR_TEXT_CHARS_MAX)
 }
 
 /// `reference` when it is short enough to echo ([`PUBLISH_WS_REF_BYTES_MAX`]), else `None`.
@@ -402,7 +396,10 @@ fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
             Ok(frame) => frame,
             Err(e) => {
                 let reference = frame_ref(text);
-                let error = ApiError::InvalidRequest(format!("invalid frame: {}", truncated(&e.to_string())));
+                // Cut: serde's messages quote the offending value, and every frame's answer
+                // waits in a queue bounded by count.
+                let message = truncated(&e.to_string(), PUBLISH_WS_ERROR_TEXT_CHARS_MAX);
+                let error = ApiError::InvalidRequest(format!("invalid frame: {message}"));
                 answers[at] = error_frame(echoable(reference.as_deref()), &error);
                 continue;
             }

@@ -23,10 +23,10 @@ use crate::serve::ClientAddr;
 use crate::subscribe::session::{self, Registration, Session};
 
 /// `cursor`, once this node's topic reaches it within [`SUBSCRIBE_CURSOR_AHEAD_WAIT`] (see
-/// there) with no deletion since the subscription's start; otherwise the topic's
-/// `current_sequence` as it then is. Waits on a clone: the session's own feed still sees every
-/// change from its start.
-/// A node that starts shutting down meanwhile answers `503 unavailable` at once.
+/// there) with no deletion since the subscription's start; otherwise `400 invalid_cursor`,
+/// naming the topic's `current_sequence` as it then is. Waits on a clone: the session's own
+/// feed still sees every change from its start. A node that starts shutting down meanwhile
+/// answers `503 unavailable` at once.
 async fn reached(
     app: &SharedApp,
     feed: &watch::Receiver<TopicSignal>,
@@ -34,13 +34,15 @@ async fn reached(
     deletions_at_start: u64,
 ) -> Result<u64, ApiError> {
     let mut feed = feed.clone();
-    let settled = |s: &TopicSignal| s.current_sequence >= cursor || s.deleted || s.deletions != deletions_at_start;
+    let deleted = |s: &TopicSignal| s.deleted || s.deletions != deletions_at_start;
+    let reached = |s: &TopicSignal| s.current_sequence >= cursor && !deleted(s);
+    let settled = |s: &TopicSignal| reached(s) || deleted(s);
     tokio::select! {
         _ = tokio::time::timeout(SUBSCRIBE_CURSOR_AHEAD_WAIT, feed.wait_for(settled)) => {}
         () = app.shutdown.cancelled() => return Err(ApiError::Unavailable("the node is shutting down".into())),
     }
     let now = *feed.borrow();
-    if now.current_sequence >= cursor && !now.deleted && now.deletions == deletions_at_start {
+    if reached(&now) {
         Ok(cursor)
     } else {
         Err(ApiError::InvalidCursor(format!(
