@@ -1109,6 +1109,91 @@ async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
     .await;
 }
 
+/// `pubsub_request_bodies_bytes` from `url`'s metrics.
+async fn request_bodies_bytes(url: &str) -> u64 {
+    http::metric(url, "pubsub_request_bodies_bytes").await.expect("metric listed")
+}
+
+/// A client that starts more large batches than the node's whole budget for request bodies
+/// (18 of 15 MiB against 256 MiB) and never finishes them holds at most its address's 64 MiB
+/// share: its later bodies are refused `503` naming the client's share, and another client
+/// still publishes at once. Before, such a client filled the node's budget, and every other
+/// publisher waited 3 s, then got a 503.
+#[tokio::test]
+async fn a_client_that_does_not_finish_its_bodies_holds_only_its_share() {
+    use pubsub_node::limits::REQUEST_BODIES_BYTES_PER_CLIENT_MAX;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const HOG_BODIES: usize = 18;
+    const SENT_BYTES: usize = 15 << 20;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+
+    // The hog comes from another address; each body announces 16 MiB and stops at 15.
+    let addr: std::net::SocketAddr = l.trim_start_matches("http://").parse().unwrap();
+    let sent = std::sync::Arc::new(vec![b'x'; SENT_BYTES]);
+    let mut answers = Vec::new();
+    let mut writers = Vec::new();
+    for _ in 0..HOG_BODIES {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let (mut read, mut write) = socket.connect(addr).await.unwrap().into_split();
+        let sent = sent.clone();
+        writers.push(tokio::spawn(async move {
+            let head =
+                format!("POST /topics/t/messages/batch HTTP/1.1\r\nhost: node\r\ncontent-length: {}\r\n\r\n", 16 << 20);
+            write.write_all(head.as_bytes()).await?;
+            write.write_all(&sent).await?;
+            // Held open, the body unfinished, until the test ends.
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(write)
+        }));
+        answers.push(tokio::spawn(async move {
+            let mut answer = Vec::new();
+            let _ = read.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }));
+    }
+    let held = wait_until("the hog's bodies held", Duration::from_secs(20), || async {
+        let held = request_bodies_bytes(&l).await;
+        (held > REQUEST_BODIES_BYTES_PER_CLIENT_MAX as u64 / 2).then_some(held)
+    })
+    .await;
+    assert!(held <= REQUEST_BODIES_BYTES_PER_CLIENT_MAX as u64, "the hog holds {held} bytes, past its share");
+
+    // Another client publishes at once (waiting on the hog would take 3 s, then a 503).
+    let started = std::time::Instant::now();
+    let r = post(&format!("{l}/topics/t/messages"), &json!({"payload": "x".repeat(500_000)})).await.unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(started.elapsed() < Duration::from_secs(2), "published after {:?}", started.elapsed());
+
+    // The hog's bodies past its share are refused once they waited 3 s for room.
+    wait_until("a hog body refused", Duration::from_secs(20), || async {
+        answers.iter().any(|a| a.is_finished()).then_some(())
+    })
+    .await;
+    let mut told = 0;
+    for answer in answers.iter_mut().filter(|a| a.is_finished()) {
+        let answer = answer.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("this client already sends 64 MiB"), "{answer}");
+        told += 1;
+    }
+    assert!(told >= 1);
+    assert!(request_bodies_bytes(&l).await <= REQUEST_BODIES_BYTES_PER_CLIENT_MAX as u64);
+
+    for writer in writers {
+        writer.abort();
+    }
+    for answer in answers {
+        answer.abort();
+    }
+    wait_until("the hog's bodies given back", Duration::from_secs(10), || async {
+        (request_bodies_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}
+
 /// Messages published on one WebSocket are stored in the order sent, whatever their sizes:
 /// a large frame's checks take longer than a small one's, yet the small one sent after it
 /// gets the higher sequence (API.md §8).

@@ -147,8 +147,11 @@ impl ClientBuilder {
 /// caches it, follows `307` answers (updating the cache), and retries `503 no_leader`,
 /// `504 raft_timeout`, `500 not_committed` and connection errors with exponential backoff
 /// and jitter. A publish carries the same message id on every attempt, so a retry can never
-/// publish twice. Reads go to the cached leader when there is one (freshest), else to any
-/// node.
+/// publish twice. Reads go to the cached leader when there is one (freshest), else to one
+/// node while it answers (another may be behind it: a cursor from its pages may be past that
+/// one's end). A read refused as a node behind the others may refuse it (`404
+/// topic_not_found`, `400 invalid_cursor`) goes to the next node at once; the refusal is the
+/// answer only when every node gave it or could not be reached.
 ///
 /// ```no_run
 /// use pubsub_client::Client;

@@ -293,8 +293,9 @@ pub enum Error {
     },
     /// A write ended after an attempt that may have taken effect on the server: its answer was
     /// lost, or the cluster could not confirm it (`504`, `500 not_committed`), and later
-    /// attempts got no final answer, or a refusal that speaks for them alone (a `500
-    /// internal`, say). A publish may be stored. Publishing again with
+    /// attempts got no final answer, or a refusal that speaks for them alone; or the server
+    /// failed it (a `5xx` it does not retry, such as `500 internal`), which may come after
+    /// the write was done. A publish may be stored. Publishing again with
     /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
     /// says it was stored). `source` is the last attempt's failure.
     #[error("{}outcome unknown, it may have taken effect: {source}", which_write(id, ids))]

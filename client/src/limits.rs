@@ -9,6 +9,14 @@ use std::time::Duration;
 /// `--batch` and the bench split their input into chunks of this size.
 pub const BATCH_MESSAGES_MAX: usize = 1000;
 
+/// Largest batch body the server takes (API.md §4; `413 payload_too_large` past it).
+pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The CLI's `--batch` ends a batch once its input lines hold this many bytes, before
+/// [`BATCH_MESSAGES_MAX`] lines when they are large: half the body limit, so that the line
+/// that crosses it (a payload is at most 1 MiB) still fits in the body.
+pub const CLI_BATCH_LINES_BYTES: usize = BATCH_BODY_BYTES_MAX / 2;
+
 /// Longest message id the server accepts (API.md §1); longer ids are refused locally.
 pub const MESSAGE_ID_CHARS_MAX: usize = 256;
 
@@ -59,7 +67,9 @@ pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(2);
 pub const REDIRECT_HOPS_MAX: u32 = 3;
 
 /// Consecutive failed reconnects after which a subscription gives up and ends with an error.
-/// With the capped backoff this is about a minute of a cluster that cannot be reached.
+/// With the capped backoff this is about a minute of a cluster that refuses connections; of
+/// nodes that answer nothing at all (cut off by a firewall that drops packets), each attempt
+/// also waits out its connect and handshake timeouts, and it takes up to about eight.
 pub const RECONNECT_ATTEMPTS_MAX_DEFAULT: u32 = 30;
 
 /// Interval of WebSocket pings on an idle subscription; their pongs prove the node is alive.

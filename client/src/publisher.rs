@@ -42,6 +42,8 @@ type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// `raft_timeout` or `not_committed` answer, or a lost connection, comes back as an error.
 /// To retry safely, give messages their own ids ([`NewMessage::with_id`]) and publish again
 /// with the same id (on a new publisher if the connection is gone): the server deduplicates.
+/// A message that was stored after all then comes back as [`Error::Api`]
+/// `duplicate_message_id` with its [`ApiError::existing_sequence`]: stored once, and done.
 ///
 /// The connection is dropped when the last clone is.
 ///

@@ -79,6 +79,12 @@ pub(crate) enum Verdict {
     Retry { maybe_applied: bool, forget_leader: bool },
 }
 
+/// A refusal that a node behind the others may give where the leader would not: a topic it
+/// has not applied yet, a cursor past its end. Final only when every node gives it.
+pub(crate) fn may_lag_behind(api: &ApiError) -> bool {
+    matches!(api.code, ErrorCode::TopicNotFound | ErrorCode::InvalidCursor)
+}
+
 /// Classifies an answer by status and error body. `location` is the `Location` header.
 pub(crate) fn classify(status: u16, error: Option<&ApiError>, location: Option<&str>) -> Verdict {
     match status {

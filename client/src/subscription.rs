@@ -24,6 +24,7 @@ use crate::client::Client;
 use crate::endpoint::{subscribe_url, Cursor};
 use crate::error::{ApiError, BoxError, Error, ErrorCode};
 use crate::limits;
+use crate::retry::may_lag_behind;
 use crate::types::{ack_frame, ControlFrame, Message, ServerFrame};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -115,9 +116,17 @@ pub enum Event {
 ///         acker.ack(job.sequence);
 ///     }
 /// });
-/// while let Some(Ok(Event::Message(job))) = sub.next().await {
-///     if jobs.send(job).await.is_err() {
-///         break;
+/// // Not `while let Some(Ok(Event::Message(..)))`: that loop would stop at the first
+/// // other event, a leader change say.
+/// while let Some(event) = sub.next().await {
+///     match event? {
+///         Event::Message(job) => {
+///             if jobs.send(job).await.is_err() {
+///                 break;
+///             }
+///         }
+///         Event::TopicDeleted => break,
+///         _ => {}
 ///     }
 /// }
 /// # Ok(())
@@ -269,8 +278,12 @@ impl Client {
     /// let mut sub = client
     ///     .subscribe("orders", SubscribeOptions::new("audit").cursor(Cursor::After(0)))
     ///     .await?;
-    /// while let Some(Ok(Event::Message(m))) = sub.next().await {
-    ///     sub.ack(m.sequence);
+    /// while let Some(event) = sub.next().await {
+    ///     match event? {
+    ///         Event::Message(m) => sub.ack(m.sequence),
+    ///         Event::TopicDeleted => break,
+    ///         other => eprintln!("{other:?}"),
+    ///     }
     /// }
     /// # Ok(())
     /// # }
@@ -406,12 +419,6 @@ impl Refusal {
             other => other.into_error(attempts, elapsed),
         }
     }
-}
-
-/// True for a refusal that a node lagging behind the leader gives and a node that is up to
-/// date may not: the topic is not created yet there, or the cursor is beyond what it applied.
-fn may_lag_behind(api: &ApiError) -> bool {
-    matches!(api.code, ErrorCode::TopicNotFound | ErrorCode::InvalidCursor)
 }
 
 /// One WebSocket handshake with one node.

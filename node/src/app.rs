@@ -60,6 +60,9 @@ pub struct App {
     /// Bytes of request bodies being read or still held by their requests (see
     /// [`crate::limits::REQUEST_BODIES_BYTES_MAX`]).
     pub request_bodies: crate::budget::ByteBudget,
+    /// What one client address's request bodies may hold of `request_bodies` (see
+    /// [`crate::limits::REQUEST_BODIES_BYTES_PER_CLIENT_MAX`]).
+    pub client_request_bodies: crate::budget::PerClientBudgets,
     /// Bytes of message pages read from storage and not yet sent (subscriptions and
     /// `GET /messages`): lagging readers of large messages cannot hold the node's memory.
     pub read_pages: crate::budget::ByteBudget,

@@ -57,22 +57,23 @@ impl ByteBudget {
 }
 
 /// Room in a node-wide budget and, when the client is known, in its client's share of it:
-/// reserved for a worst case (the client's share first, so that one client waits behind its
-/// own reads), shrunk once the size is known, and held with what it was for.
-pub struct ReadRoom {
+/// taken from the client's share first, so that one client waits behind its own work, and
+/// held with what it was taken for. Work that reserves its worst case shrinks the room once
+/// it knows its size; work that grows (a body arriving in chunks) merges more into it.
+pub struct Room {
     own: Option<OwnedSemaphorePermit>,
     node: OwnedSemaphorePermit,
 }
 
-impl ReadRoom {
+impl Room {
     /// Waits for `bytes` in `own` (the client's share), then in `node`; each wait ends by
     /// `deadline` or fails with the `Err` of the budget that had no room.
     pub async fn take(
         node: &ByteBudget,
-        own: Option<ByteBudget>,
+        own: Option<&ByteBudget>,
         bytes: usize,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<ReadRoom, RoomFull> {
+    ) -> Result<Room, RoomFull> {
         async fn within<T>(deadline: Option<tokio::time::Instant>, wait: impl Future<Output = T>) -> Option<T> {
             match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok(),
@@ -84,12 +85,31 @@ impl ReadRoom {
             None => None,
         };
         let node = within(deadline, node.take(bytes)).await.ok_or(RoomFull::Node)?;
-        Ok(ReadRoom { own, node })
+        Ok(Room { own, node })
+    }
+
+    /// [`Room::take`] if both budgets have the bytes free now.
+    pub fn try_take(node: &ByteBudget, own: Option<&ByteBudget>, bytes: usize) -> Option<Room> {
+        let own = match own {
+            Some(own) => Some(own.try_take(bytes)?),
+            None => None,
+        };
+        Some(Room { own, node: node.try_take(bytes)? })
     }
 
     /// Bytes held of the node's budget.
     pub fn bytes(&self) -> usize {
         self.node.num_permits()
+    }
+
+    /// Holds `more` with this room. Both must have been taken from the same budgets.
+    pub fn merge(&mut self, more: Room) {
+        self.node.merge(more.node);
+        match (self.own.as_mut(), more.own) {
+            (Some(own), Some(more)) => own.merge(more),
+            (None, None) => {}
+            _ => unreachable!("rooms merged are taken from the same budgets"),
+        }
     }
 
     /// Gives back what is held beyond `bytes`.
@@ -107,7 +127,7 @@ impl ReadRoom {
     }
 }
 
-/// Which budget of a [`ReadRoom`] had no room in time.
+/// Which budget of a [`Room`] had no room in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoomFull {
     Client,

@@ -126,6 +126,7 @@ where
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
         request_bodies: budget::ByteBudget::new(limits::REQUEST_BODIES_BYTES_MAX),
+        client_request_bodies: budget::PerClientBudgets::new(limits::REQUEST_BODIES_BYTES_PER_CLIENT_MAX),
         read_pages: budget::ByteBudget::new(limits::READ_PAGES_BYTES_MAX),
         client_read_pages: budget::PerClientBudgets::new(limits::READ_PAGES_BYTES_PER_CLIENT_MAX),
         metrics_bodies: budget::ByteBudget::new(limits::METRICS_BODIES_BYTES_MAX),

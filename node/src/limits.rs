@@ -66,6 +66,10 @@ pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// until the request is answered): sixteen 16 MiB batches, not one per connection the clients
 /// can open. Publishing WebSockets' frames in flight count against it too.
 pub const REQUEST_BODIES_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// What the request bodies (and publishing WebSockets' frames in flight) of one client
+/// address may hold of [`REQUEST_BODIES_BYTES_MAX`]: four of the largest batches, so that a
+/// client opening many connections makes only its own requests wait.
+pub const REQUEST_BODIES_BYTES_PER_CLIENT_MAX: usize = REQUEST_BODIES_BYTES_MAX / 4;
 /// How long a chunk of a request body waits for room in [`REQUEST_BODIES_BYTES_MAX`] before
 /// the request is answered `503 unavailable`: well within a client's request timeout (the
 /// Rust client's is 10 s), so the client learns that nothing was stored.
@@ -329,7 +333,8 @@ pub const RAFT_SERVER_INFLIGHT_MAX: usize = 256;
 /// [`RAFT_INBOUND_BYTES_MAX`]) before the connection is closed: longer than a request holds
 /// room while the node works (a forwarded write waits up to [`WRITE_TIMEOUT`] for its commit,
 /// a snapshot chunk up to [`SNAPSHOT_CHUNK_TIMEOUT_MS`], then [`PEER_STALL_TIMEOUT`] to write
-/// its answer), so only a stalled Raft core gets there. Its sender, which reads no pong meanwhile,
+/// its answer; only a snapshot's last chunk, answered once it is installed, holds its 4 MiB
+/// longer, and it is one request), so only a stalled Raft core gets there. Its sender, which reads no pong meanwhile,
 /// gave up on the connection and dialled again; left open, each such connection would hold
 /// one more frame outside the budget.
 pub const RAFT_ROOM_WAIT_MAX: Duration = Duration::from_secs(15);
@@ -392,6 +397,10 @@ const _: () = {
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
     assert!(READ_PAGE_BYTES_RESERVED * 2 <= READ_PAGES_BYTES_PER_CLIENT_MAX);
+    // A client may send several of the largest bodies at once, and so much in flight on a
+    // publishing WebSocket as one connection may hold.
+    assert!(BATCH_BODY_BYTES_MAX * 4 <= REQUEST_BODIES_BYTES_PER_CLIENT_MAX);
+    assert!(PUBLISH_WS_INFLIGHT_BYTES_MAX <= REQUEST_BODIES_BYTES_PER_CLIENT_MAX);
     assert!(SUBSCRIBE_PAGE_PAYLOAD_BYTES <= raft_store::limits::READ_BYTES_MAX);
     // An ack held for every subscription a node may serve.
     assert!(ACKS_PENDING_MAX >= SUBSCRIPTIONS_MAX);

@@ -84,6 +84,7 @@ pub struct Metrics {
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
+    request_bodies_bytes: Gauge<u64, AtomicU64>,
     raft_inbound_bytes: Gauge<u64, AtomicU64>,
     /// One render at a time: each fills the per-topic and per-follower families, encodes them
     /// and empties them again, and two at once would encode each other's half-filled ones.
@@ -191,6 +192,12 @@ impl Default for Metrics {
             "Bytes of message pages read from storage and not yet sent (subscriptions, GET messages), bounded per node",
             read_pages_bytes.clone(),
         );
+        let request_bodies_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "request_bodies_bytes",
+            "Bytes of request bodies and publishing WebSocket frames held until answered, bounded per node and per client",
+            request_bodies_bytes.clone(),
+        );
         let raft_inbound_bytes = Gauge::<u64, AtomicU64>::default();
         registry.register(
             "raft_inbound_bytes",
@@ -218,6 +225,7 @@ impl Default for Metrics {
             follower_lag,
             table_file_bytes,
             read_pages_bytes,
+            request_bodies_bytes,
             raft_inbound_bytes,
             turns: Arc::new(tokio::sync::Semaphore::new(1)),
         }
@@ -276,6 +284,7 @@ impl Metrics {
         let places_free = app.publishing_connections.available_permits();
         self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);
         self.read_pages_bytes.set(app.read_pages.held() as u64);
+        self.request_bodies_bytes.set(app.request_bodies.held() as u64);
         self.raft_inbound_bytes.set(app.raft_inbound.held() as u64);
         for t in app.reader.active_topics() {
             self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);

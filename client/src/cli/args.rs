@@ -119,18 +119,19 @@ pub enum TopicsCommand {
 pub struct PublishArgs {
     /// Topic name.
     pub topic: String,
-    /// The payload as JSON (text that is not JSON is sent as a JSON string), or `-` to
-    /// publish each stdin line as one message.
+    /// The payload as JSON (text that is not JSON is sent as a JSON string, unless it starts
+    /// like JSON: then it is refused), or `-` to publish each stdin line as one message.
     pub payload: Option<String>,
     /// Message id for deduplication (default: a generated UUID).
     #[arg(long, conflicts_with = "batch")]
     pub id: Option<String>,
-    /// Publish every line of FILE (`-` for stdin) as a message, in batches of up to 1000.
+    /// Publish every line of FILE (`-` for stdin) as a message, in batches of up to 1000 lines
+    /// (fewer when the lines are large: at most 8 MiB of them).
     #[arg(long, value_name = "FILE")]
     pub batch: Option<PathBuf>,
     /// With `-` or --batch: give each line the id PREFIX<line number> (from 1), so that running
-    /// the same command again (after a failure, say) stores each line once. --batch without
-    /// it chooses a prefix (a UUID) and names it when a batch fails.
+    /// the same command again (after a failure, say) stores each line once. Without it they
+    /// choose a prefix (a UUID) and name it when a publish fails.
     #[arg(long, value_name = "PREFIX", conflicts_with = "id")]
     pub id_prefix: Option<String>,
     /// When the server answers: after commit, or once the leader appended (single
@@ -301,7 +302,16 @@ fn parse_json_object(s: &str) -> Result<Value, String> {
 }
 
 /// A payload from the command line or a line of input: JSON when it parses, else the text
-/// as a JSON string.
-pub fn payload_from_text(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+/// as a JSON string. Text that starts like JSON (`{`, `[` or `"`) but does not parse is
+/// refused: it is almost always JSON the shell took the quotes out of (`{"a":1}` unquoted
+/// arrives as `{a:1}`), and stored as a string it would fail its consumers later.
+pub fn payload_from_text(text: &str) -> Result<Value, String> {
+    match serde_json::from_str(text) {
+        Ok(value) => Ok(value),
+        Err(e) if text.trim_start().starts_with(['{', '[', '"']) => Err(format!(
+            "it starts like JSON but is not JSON ({e}); quote it for the shell, as in '{{\"a\":1}}', \
+             or give text as a JSON string"
+        )),
+        Err(_) => Ok(Value::String(text.to_string())),
+    }
 }

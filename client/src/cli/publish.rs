@@ -7,39 +7,30 @@ use super::args::{payload_from_text, PublishArgs};
 use super::{CliError, Output};
 use crate::client::{ensure_id, Client};
 use crate::error::{Error, ErrorCode};
-use crate::limits::BATCH_MESSAGES_MAX;
+use crate::limits::{BATCH_MESSAGES_MAX, CLI_BATCH_LINES_BYTES};
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
 pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> Result<(), CliError> {
     if let Some(path) = &args.batch {
-        // Every line gets an id of a known prefix, chosen here when none was given, so a
-        // batch that fails after it may have been stored can be published again under the
-        // same ids (the note on failure names the prefix).
-        let (id_prefix, rerun) = match args.id_prefix {
-            Some(prefix) => (prefix, "the same command again".to_string()),
-            None => {
-                let prefix = generated_id_prefix();
-                let rerun = format!("the same command again with --id-prefix {prefix}");
-                (prefix, rerun)
-            }
-        };
-        let lines = Lines { read: 0, id_prefix: Some(id_prefix) };
+        let (lines, rerun) = numbered_lines(args.id_prefix);
         return batch(client, output, &args.topic, path, lines, &rerun).await;
     }
-    let mut lines = Lines { read: 0, id_prefix: args.id_prefix };
     let ack = AckMode::from(args.ack);
     match args.payload.as_deref() {
         Some("-") => {
             if args.id.is_some() {
                 return Err(CliError::Usage("--id names one message; it cannot be used with `-`".into()));
             }
-            publish_lines(client, output, &args.topic, &mut std::io::stdin().lock(), &mut lines, ack).await
+            let (mut lines, rerun) = numbered_lines(args.id_prefix);
+            let stdin = &mut std::io::stdin().lock();
+            publish_lines(client, output, &args.topic, stdin, &mut lines, ack, Some(&rerun)).await
         }
-        Some(_) if lines.id_prefix.is_some() => {
+        Some(_) if args.id_prefix.is_some() => {
             Err(CliError::Usage("--id-prefix numbers input lines: use it with `-` or --batch (--id for one)".into()))
         }
         Some(text) => {
-            let mut message = NewMessage::new(payload_from_text(text));
+            let payload = payload_from_text(text).map_err(|e| CliError::Usage(format!("the payload: {e}")))?;
+            let mut message = NewMessage::new(payload);
             message.id = args.id;
             publish_one(client, output, &args.topic, message, ack).await
         }
@@ -47,10 +38,27 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
     }
 }
 
+/// Input lines numbered for their ids (`-` and `--batch`), and the command that publishes
+/// each line once after a failure. Every line gets an id of a known prefix, chosen here when
+/// none was given, so that lines that may have been stored can be published again under the
+/// same ids (the note on failure names the prefix).
+fn numbered_lines(id_prefix: Option<String>) -> (Lines, String) {
+    let (id_prefix, rerun) = match id_prefix {
+        Some(prefix) => (prefix, "the same command again".to_string()),
+        None => {
+            let prefix = generated_id_prefix();
+            let rerun = format!("the same command again with --id-prefix {prefix}");
+            (prefix, rerun)
+        }
+    };
+    (Lines { read: 0, id_prefix: Some(id_prefix) }, rerun)
+}
+
 /// Publishes each line of `input` (`publish -`) as it is read: one publish per line as lines
 /// arrive, so `producer | pubsub publish t -` streams instead of waiting for the end of input.
-/// A line that cannot be read stops it, saying which line and that the ones before it were
-/// published.
+/// A line that cannot be read, or whose publish fails, stops it, saying which line and that
+/// the ones before it were published; `rerun`, when given, is the command that publishes
+/// each line once.
 pub(super) async fn publish_lines(
     client: &Client,
     output: &Output,
@@ -58,17 +66,33 @@ pub(super) async fn publish_lines(
     input: &mut impl BufRead,
     lines: &mut Lines,
     ack: AckMode,
+    rerun: Option<&str>,
 ) -> Result<(), CliError> {
-    // With `--id-prefix` the lines keep their ids on every run.
-    let rerun = lines.id_prefix.is_some().then_some("the same command again");
     let mut line = String::new();
     while lines.read_line(input, &mut line).map_err(|unreadable| unreadable.into_error(lines.read, rerun))? {
-        let Some(message) = lines.next(&line) else {
+        let next = lines.next(&line).map_err(|unusable| unusable.into_error(lines.read - 1, rerun))?;
+        let Some(message) = next else {
             continue;
         };
-        publish_one(client, output, topic, message, ack).await.map_err(input_left_unpublished)?;
+        if let Err(error) = publish_one(client, output, topic, message, ack).await {
+            let error = input_left_unpublished(error);
+            if !matches!(error, CliError::Io(_)) {
+                output.note(&stopped_at(lines.read, rerun));
+            }
+            return Err(error);
+        }
     }
     Ok(())
+}
+
+/// Where `publish -` stopped when the publish of input line `line` failed.
+fn stopped_at(line: u64, rerun: Option<&str>) -> String {
+    let before = match line {
+        1 => "no line before it was published".to_string(),
+        _ => format!("{} published", lines_were(1, line - 1)),
+    };
+    let rerun = rerun.map(|rerun| format!("; running {rerun} publishes each line once")).unwrap_or_default();
+    format!("stopped at input line {line}: {before}; the lines after it were not{rerun}")
 }
 
 /// Publishes one message and prints its ack. When the publish failed in a way that may still
@@ -87,22 +111,26 @@ async fn publish_one(
         Ok(published) => print_ack(output, &published),
         // Publishing again with `--id` is how the note below says to make sure of a message:
         // finding it stored is that command's success, not a refusal.
+        // Still in flight when the retries ran out: an earlier publish of this id (an earlier
+        // run's, say) may yet commit, so the outcome is unknown, as below.
         Err(Error::Api(api)) if id_given && api.code == ErrorCode::DuplicateMessageId => {
             match api.existing_sequence() {
                 Some(sequence) => print_ack(output, &PublishAck::already_stored(id, topic, sequence)),
-                None => Err(Error::Api(api).into()),
+                None => {
+                    output.note(&format!(
+                        "an earlier publish of message {id} is still in flight and may yet be stored: \
+                     publish it again with --id {id} to be sure it is stored once"
+                    ));
+                    Err(Error::indeterminate(Some(id), Error::Api(api)).into())
+                }
             }
         }
-        Err(error) if may_have_been_stored(&error) => {
+        // The error names the id too, so `--json` callers get it.
+        Err(error) if error.may_have_taken_effect() => {
             output.note(&format!(
                 "message {id} may have been stored: publish it again with --id {id} to be sure it is stored once"
             ));
-            // Said in the error too, so `--json` callers get the id.
-            Err(match error {
-                Error::Indeterminate { .. } => error,
-                other => Error::indeterminate(Some(id), other),
-            }
-            .into())
+            Err(error.into())
         }
         Err(error) => Err(error.into()),
     }
@@ -122,22 +150,13 @@ fn input_left_unpublished(error: CliError) -> CliError {
     }
 }
 
-/// Whether a failed publish (one message or a batch) may have been stored anyway: an
-/// attempt's answer was lost or the cluster could not confirm it (the client says so with
-/// `Indeterminate`), or the server failed (`5xx`: `internal` too, which may come after the
-/// write). Attempts that never connected, and refusals, `4xx`, stored nothing.
-pub(super) fn may_have_been_stored(error: &Error) -> bool {
-    match error {
-        Error::Indeterminate { .. } => true,
-        Error::Api(api) => api.status >= 500,
-        _ => false,
-    }
-}
-
 /// A message from one input line; `None` for a blank line.
-fn message_from_line(line: &str) -> Option<NewMessage> {
+fn message_from_line(line: &str) -> Result<Option<NewMessage>, String> {
     let text = line.trim();
-    (!text.is_empty()).then(|| NewMessage::new(payload_from_text(text)))
+    if text.is_empty() {
+        return Ok(None);
+    }
+    payload_from_text(text).map(|payload| Some(NewMessage::new(payload)))
 }
 
 /// The input's lines, counted, and the ids they give with `--id-prefix`: the prefix and the
@@ -157,25 +176,30 @@ impl Lines {
         match input.read_line(line) {
             Ok(0) => Ok(false),
             Ok(_) => Ok(true),
-            Err(error) => Err(UnreadableLine { line: self.read + 1, error }),
+            Err(error) => Err(UnreadableLine { line: self.read + 1, reason: error.to_string() }),
         }
     }
 
-    /// The message of the next line, `text`; `None` for a blank line.
-    pub(super) fn next(&mut self, text: &str) -> Option<NewMessage> {
+    /// The message of the next line, `text`; `None` for a blank line. A line that starts
+    /// like JSON but is not is an [`UnreadableLine`].
+    pub(super) fn next(&mut self, text: &str) -> Result<Option<NewMessage>, UnreadableLine> {
         self.read += 1;
-        let mut message = message_from_line(text)?;
-        message.id = self.id_prefix.as_ref().map(|prefix| format!("{prefix}{}", self.read));
-        Some(message)
+        let message = message_from_line(text).map_err(|reason| UnreadableLine { line: self.read, reason })?;
+        Ok(message.map(|mut message| {
+            message.id = self.id_prefix.as_ref().map(|prefix| format!("{prefix}{}", self.read));
+            message
+        }))
     }
 }
 
-/// An input line that could not be read: not UTF-8, or the read failed.
+/// An input line that could not be used: not UTF-8, the read failed, or it starts like JSON
+/// but is not.
 #[derive(Debug)]
 pub(super) struct UnreadableLine {
     /// Its number, from 1 (blank lines counted).
     pub(super) line: u64,
-    pub(super) error: std::io::Error,
+    /// Why, for people.
+    pub(super) reason: String,
 }
 
 impl UnreadableLine {
@@ -185,21 +209,18 @@ impl UnreadableLine {
     /// Exit code 2 (usage): the input could not be used, and the server was not asked.
     pub(super) fn into_error(self, published_through: u64, rerun: Option<&str>) -> CliError {
         let line = self.line;
-        let mut text = format!("input line {line} could not be read ({}): ", self.error);
+        let mut text = format!("input line {line} could not be used ({}): ", self.reason);
         if published_through == 0 {
             text.push_str("no line was published");
-        } else if published_through + 1 < line {
-            // Read for a batch that was never sent.
-            text.push_str(&format!(
-                "{} published; {}, line {line} and the lines after it were not",
-                lines_were(1, published_through),
-                lines_named(published_through + 1, line - 1)
-            ));
         } else {
-            text.push_str(&format!(
-                "{} published; line {line} and the lines after it were not",
-                lines_were(1, published_through)
-            ));
+            // Lines between were read for a batch that was never sent.
+            let unsent = if published_through + 1 < line {
+                format!("{}, ", lines_named(published_through + 1, line - 1))
+            } else {
+                String::new()
+            };
+            let published = lines_were(1, published_through);
+            text.push_str(&format!("{published} published; {unsent}line {line} and the lines after it were not"));
         }
         if let (Some(rerun), 1..) = (rerun, published_through) {
             text.push_str(&format!("; once the input is fixed, running {rerun} publishes each line once"));
@@ -223,7 +244,8 @@ fn lines_were(from: u64, to: u64) -> String {
     format!("{} {verb}", lines_named(from, to))
 }
 
-/// Reads up to `max` messages (blank lines skipped); an empty result means end of input.
+/// Reads up to `max` messages (blank lines skipped), ending early once the lines read hold
+/// [`CLI_BATCH_LINES_BYTES`]; an empty result means end of input.
 pub(super) fn read_batch(
     reader: &mut impl BufRead,
     max: usize,
@@ -231,11 +253,13 @@ pub(super) fn read_batch(
 ) -> Result<Vec<NewMessage>, UnreadableLine> {
     let mut messages = Vec::new();
     let mut line = String::new();
-    while messages.len() < max {
+    let mut bytes = 0;
+    while messages.len() < max && bytes < CLI_BATCH_LINES_BYTES {
         if !lines.read_line(reader, &mut line)? {
             break;
         }
-        if let Some(message) = lines.next(&line) {
+        bytes += line.len();
+        if let Some(message) = lines.next(&line)? {
             messages.push(message);
         }
     }
@@ -273,14 +297,13 @@ async fn batch(
             break;
         }
         number += 1;
-        // Kept for the error: the batch's messages go to the client.
-        let ids: Vec<String> = messages.iter().filter_map(|m| m.id.clone()).collect();
         let ack = match client.publish_batch(topic, messages).await {
             Ok(ack) => ack,
             Err(error) => {
                 let id_prefix = lines.id_prefix.as_deref().unwrap_or_default();
                 let failed = BatchFailed { number, lines: (answered_through + 1, lines.read), id_prefix, rerun };
-                return Err(failed.report(output, error, ids).into());
+                failed.report(output, &error);
+                return Err(error.into());
             }
         };
         let counts = count(&ack);
@@ -312,26 +335,19 @@ pub(super) struct BatchFailed<'a> {
 }
 
 impl BatchFailed<'_> {
-    /// Says where to pick up (on stderr, with `--json` too: without the generated prefix the
-    /// batch cannot be published again under the same ids) and returns the error to exit
-    /// with: `Indeterminate` naming the batch's `ids` when it may have been stored, as for a
-    /// single publish.
-    pub(super) fn report(&self, output: &Output, error: Error, ids: Vec<String>) -> Error {
-        let (text, value) = self.notice(&error);
+    /// Says where to pick up, on stderr, with `--json` too: without the generated prefix the
+    /// batch cannot be published again under the same ids. (When it may have been stored,
+    /// `error` names the batch's ids too.)
+    pub(super) fn report(&self, output: &Output, error: &Error) {
+        let (text, value) = self.notice(error);
         output.notice(&text, &value);
-        match error {
-            Error::Api(_) if may_have_been_stored(&error) => {
-                Error::Indeterminate { id: None, ids, source: Box::new(error) }
-            }
-            other => other,
-        }
     }
 
     /// The notice for people, and the same as a JSON object (a stderr warning, as `tail
     /// --json` gives).
     pub(super) fn notice(&self, error: &Error) -> (String, serde_json::Value) {
         let BatchFailed { number, lines: (from, to), id_prefix, rerun } = *self;
-        let maybe_stored = may_have_been_stored(error);
+        let maybe_stored = error.may_have_taken_effect();
         let outcome = if maybe_stored { "may have been stored" } else { "was not stored" };
         let text = format!(
             "batch {number} (lines {from}-{to}) {outcome}; the batches before it were answered: \
@@ -384,19 +400,19 @@ fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
-    use super::may_have_been_stored;
-    use crate::error::{ApiError, Error};
+    use super::stopped_at;
 
     #[test]
-    fn only_lost_or_unconfirmed_publishes_may_have_been_stored() {
-        let api = |status, body: &str| Error::Api(ApiError::from_body(status, body.as_bytes()));
-        assert!(may_have_been_stored(&api(504, r#"{"error":"raft_timeout"}"#)));
-        assert!(may_have_been_stored(&api(500, r#"{"error":"not_committed"}"#)));
-        let timeout = Error::Timeout { attempts: 3, elapsed: std::time::Duration::from_secs(30) };
-        assert!(!may_have_been_stored(&timeout), "no attempt got as far as sending");
-        assert!(may_have_been_stored(&Error::indeterminate(None, timeout)));
-        assert!(!may_have_been_stored(&api(404, r#"{"error":"topic_not_found"}"#)));
-        assert!(!may_have_been_stored(&api(409, r#"{"error":"duplicate_message_id"}"#)));
-        assert!(!may_have_been_stored(&Error::InvalidArgument("x".into())));
+    fn a_failed_line_names_where_publishing_stopped() {
+        assert_eq!(
+            stopped_at(4, Some("the same command again with --id-prefix p-")),
+            "stopped at input line 4: lines 1-3 were published; the lines after it were not; \
+             running the same command again with --id-prefix p- publishes each line once"
+        );
+        assert_eq!(stopped_at(2, None), "stopped at input line 2: line 1 was published; the lines after it were not");
+        assert_eq!(
+            stopped_at(1, None),
+            "stopped at input line 1: no line before it was published; the lines after it were not"
+        );
     }
 }

@@ -162,7 +162,7 @@ async fn print_events(
             }
             Some(Ok(Event::AcksNotRecorded { recorded_cursors_max })) => {
                 output.note(&format!(
-                    "acks are not recorded: topic {} holds {recorded_cursors_max} recorded cursors (forget unused ones with DELETE /topics/{}/subscribers/ID)",
+                    "acks are not recorded: topic {} holds {recorded_cursors_max} recorded cursors (forget unused ones with `pubsub topics forget-subscriber {} ID`)",
                     sub.topic(),
                     sub.topic()
                 ));

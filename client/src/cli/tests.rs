@@ -188,10 +188,46 @@ fn bench_over_ws_refuses_batches_appended_acks_and_more_in_flight_than_the_serve
 
 #[test]
 fn text_that_is_not_json_is_published_as_a_json_string() {
-    assert_eq!(payload_from_text(r#"{"a":1}"#), json!({"a": 1}));
-    assert_eq!(payload_from_text("42"), json!(42));
-    assert_eq!(payload_from_text("hello world"), json!("hello world"));
-    assert_eq!(payload_from_text(r#""quoted""#), json!("quoted"));
+    assert_eq!(payload_from_text(r#"{"a":1}"#), Ok(json!({"a": 1})));
+    assert_eq!(payload_from_text("42"), Ok(json!(42)));
+    assert_eq!(payload_from_text("hello world"), Ok(json!("hello world")));
+    assert_eq!(payload_from_text(r#""quoted""#), Ok(json!("quoted")));
+    assert_eq!(payload_from_text("a {b} c"), Ok(json!("a {b} c")));
+}
+
+/// `pubsub publish t {"a":1}` unquoted reaches us as `{a:1}`: refused, not stored as the
+/// string "{a:1}".
+#[test]
+fn text_that_starts_like_json_but_is_not_is_refused() {
+    for text in ["{a:1}", "[1, 2", r#""unterminated"#, "  {oops"] {
+        let refused = payload_from_text(text);
+        assert!(matches!(&refused, Err(e) if e.contains("starts like JSON")), "{text}: {refused:?}");
+    }
+    let mut input = std::io::Cursor::new("1\n{a:1}\n3\n");
+    let mut lines = publish::Lines { read: 0, id_prefix: None };
+    let unusable = match publish::read_batch(&mut input, 10, &mut lines) {
+        Err(e) => e,
+        Ok(batch) => panic!("read {} messages past a line that is not JSON", batch.len()),
+    };
+    assert_eq!(unusable.line, 2);
+    let text = output::error_text(&unusable.into_error(0, None));
+    assert!(text.starts_with("input line 2 could not be used (it starts like JSON but is not JSON"), "{text}");
+}
+
+/// Large lines end a batch before 1,000 of them: a thousand lines of 17 KB, or thirty of
+/// 600 KB, would make a body past the server's 16 MiB.
+#[test]
+fn batch_input_of_large_lines_is_read_in_chunks_of_bytes() {
+    use crate::limits::{BATCH_BODY_BYTES_MAX, CLI_BATCH_LINES_BYTES};
+    let line = format!("\"{}\"\n", "x".repeat(599_998));
+    let mut reader = std::io::Cursor::new(line.repeat(20));
+    let mut lines = publish::Lines { read: 0, id_prefix: None };
+    let first = publish::read_batch(&mut reader, 1000, &mut lines).unwrap_or_default();
+    let taken = CLI_BATCH_LINES_BYTES.div_ceil(line.len());
+    assert_eq!(first.len(), taken);
+    assert!(taken * line.len() < BATCH_BODY_BYTES_MAX);
+    let second = publish::read_batch(&mut reader, 1000, &mut lines).unwrap_or_default();
+    assert_eq!(second.len(), 20 - taken);
 }
 
 #[test]
@@ -380,7 +416,8 @@ impl Drop for TempInput {
 /// carried neither `maybe_stored` nor the batch's ids.
 #[tokio::test]
 async fn a_batch_answered_500_internal_may_have_been_stored_and_names_its_ids() {
-    let internal = Error::Api(ApiError::from_body(500, br#"{"error":"internal","message":"boom"}"#));
+    let internal =
+        Error::indeterminate(None, Error::Api(ApiError::from_body(500, br#"{"error":"internal","message":"boom"}"#)));
     let failed = publish::BatchFailed { number: 2, lines: (1001, 2000), id_prefix: "p-", rerun: "again" };
     let (text, value) = failed.notice(&internal);
     assert!(text.contains("batch 2 (lines 1001-2000) may have been stored"), "{text}");
@@ -408,6 +445,30 @@ async fn a_batch_answered_500_internal_may_have_been_stored_and_names_its_ids() 
     let ids: Vec<&str> = j["ids"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
     assert_eq!(ids.len(), 2, "{j}");
     assert!(ids[0].ends_with("-1") && ids[1].ends_with("-3"), "ids are the prefix and the line number: {ids:?}");
+}
+
+/// `publish --id X` while an earlier publish of X (an earlier run's) is still in flight when
+/// the retries run out: that one may yet commit, so the outcome is unknown and the error says
+/// so with the id, instead of a bare `409`.
+#[tokio::test]
+async fn a_publish_whose_id_is_still_in_flight_may_have_been_stored() {
+    let (node, posts) = leader_answering("/topics/{name}/messages", |body| {
+        crate::test_support::error_response(
+            409,
+            "duplicate_message_id",
+            json!({"id": body["id"], "existing_sequence": null}),
+        )
+    })
+    .await;
+    let error = match run_against(&node, &["publish", "t", "1", "--id", "order-7"]).await {
+        Err(e) => e,
+        Ok(()) => panic!("a publish still in flight succeeded"),
+    };
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(error.exit_code(), EXIT_REFUSED);
+    let j = output::error_json(&error);
+    assert_eq!((j["maybe_stored"].as_bool(), j["id"].as_str()), (Some(true), Some("order-7")), "{j}");
+    assert_eq!(j["error"], "duplicate_message_id", "{j}");
 }
 
 /// With `--json` the note naming the generated prefix was dropped; without it a failed batch
@@ -449,9 +510,16 @@ async fn an_unreadable_stdin_line_is_named_and_the_lines_before_it_were_publishe
     let client = crate::test_support::fast_client(&[&node]);
     let mut input = std::io::Cursor::new(b"{\"a\":1}\n\n3\n\xff\xfe\n5\n".to_vec());
     let mut lines = publish::Lines { read: 0, id_prefix: None };
-    let outcome =
-        publish::publish_lines(&client, &Output::new(true), "t", &mut input, &mut lines, crate::AckMode::Committed)
-            .await;
+    let outcome = publish::publish_lines(
+        &client,
+        &Output::new(true),
+        "t",
+        &mut input,
+        &mut lines,
+        crate::AckMode::Committed,
+        None,
+    )
+    .await;
     let error = match outcome {
         Err(e) => e,
         Ok(()) => panic!("a line that is not UTF-8 was skipped"),
@@ -459,7 +527,7 @@ async fn an_unreadable_stdin_line_is_named_and_the_lines_before_it_were_publishe
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 2, "lines 1 and 3, and nothing after line 4");
     assert_eq!(error.exit_code(), EXIT_USAGE);
     let text = output::error_text(&error);
-    assert!(text.starts_with("input line 4 could not be read ("), "{text}");
+    assert!(text.starts_with("input line 4 could not be used ("), "{text}");
     assert!(text.contains("lines 1-3 were published; line 4 and the lines after it were not"), "{text}");
     assert_eq!(output::error_json(&error)["error"], "usage");
 

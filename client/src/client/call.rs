@@ -1,6 +1,7 @@
 //! The retry loop: one [`Call`] replayed until it gets a final answer or the retry budget
 //! runs out, with leader discovery and redirects.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,7 +14,7 @@ use super::Client;
 use crate::endpoint::http_url;
 use crate::error::{ApiError, BoxError, Error, ErrorCode};
 use crate::limits;
-use crate::retry::{classify, RetryPolicy, Verdict};
+use crate::retry::{classify, may_lag_behind, RetryPolicy, Verdict};
 use crate::types::ClusterInfo;
 
 /// Why one attempt failed, kept to report the last one when the budget runs out. Shared with
@@ -162,6 +163,9 @@ impl Client {
         let mut maybe_applied = false;
         let mut redirect_hops: u32 = 0;
         let mut redirect_to: Option<Url> = None;
+        // Nodes that refused a read as a node behind the others may (`may_lag_behind`), or
+        // could not be reached: such a refusal is final once every node is one of them.
+        let mut passed: HashSet<Url> = HashSet::new();
         loop {
             attempts += 1;
             let remaining = policy.operation_timeout.saturating_sub(started.elapsed());
@@ -177,7 +181,9 @@ impl Client {
                             Err(failure) => break 'attempt failure,
                         },
                     },
-                    None => self.leader().unwrap_or_else(|| self.next_node()),
+                    // Reads stay on one node while it answers: a cursor from one node's pages may
+                    // be past another's end, which that node would refuse.
+                    None => self.leader().unwrap_or_else(|| self.current_node()),
                 };
                 let url = http_url(&target, &segments(call), &call.query);
                 // Discovery may have used part of the budget.
@@ -188,14 +194,28 @@ impl Client {
                         // Past the connect stage the request may have been received.
                         maybe_applied |= !e.is_connect();
                         self.forget_leader(&target);
+                        self.move_past(&target);
+                        passed.insert(target.clone());
                         break 'attempt transport_failure(e);
                     }
                 };
                 let (status, location, body) = (answer.status, answer.location, answer.body);
                 let error = (status >= 300).then(|| ApiError::from_body(status, &body));
+                let lag_refusal = call.method == Method::GET && error.as_ref().is_some_and(may_lag_behind);
+                if lag_refusal {
+                    passed.insert(target.clone());
+                }
                 match classify(status, error.as_ref(), location.as_deref()) {
+                    // Final only when every node says so: the next may be further along.
+                    Verdict::Done if lag_refusal && !self.every_node_in(&passed) => {
+                        redirect_to = Some(self.node_not_in(&passed));
+                        sleep_before_next = false;
+                        Failure::Api(error.expect("a refusal has an error body"))
+                    }
                     Verdict::Done => {
-                        let maybe_applied = maybe_applied && call.method != Method::GET;
+                        // A write the server failed (a `5xx` not retried, `internal` say) may
+                        // have been done before it failed.
+                        let maybe_applied = (maybe_applied || status >= 500) && call.method != Method::GET;
                         return Ok(Reply { status, body, url, maybe_applied });
                     }
                     Verdict::Redirect(Some(leader)) => {
@@ -212,12 +232,14 @@ impl Client {
                     }
                     Verdict::Redirect(None) => {
                         self.forget_leader(&target);
+                        self.move_past(&target);
                         Failure::NoLeader
                     }
                     Verdict::Retry { maybe_applied: applied, forget_leader } => {
                         maybe_applied |= applied;
                         if forget_leader {
                             self.forget_leader(&target);
+                            self.move_past(&target);
                         }
                         match error {
                             Some(e) if e.code == ErrorCode::NoLeader => Failure::NoLeader,

@@ -33,10 +33,33 @@ impl Client {
         nodes.known[index].clone()
     }
 
-    /// The node [`Client::next_node`] would give, without moving the round-robin position.
-    fn upcoming_node(&self) -> Url {
+    /// The node [`Client::next_node`] would give, without moving the round-robin position:
+    /// where reads go while it answers.
+    pub(crate) fn current_node(&self) -> Url {
         let nodes = self.lock_nodes();
         nodes.known[nodes.position()].clone()
+    }
+
+    /// Moves the round robin past `failed` if it stands there: the next read goes to the
+    /// next node. (Another task may have moved it already.)
+    pub(crate) fn move_past(&self, failed: &Url) {
+        let mut nodes = self.lock_nodes();
+        let index = nodes.position();
+        if nodes.known[index] == *failed {
+            nodes.next = index + 1;
+        }
+    }
+
+    /// The next node in round-robin order that is not in `asked`; the next one at all when
+    /// every node is (the round robin moves on).
+    pub(crate) fn node_not_in(&self, asked: &HashSet<Url>) -> Url {
+        let mut nodes = self.lock_nodes();
+        let start = nodes.position();
+        let count = nodes.known.len();
+        let index =
+            (0..count).map(|step| (start + step) % count).find(|i| !asked.contains(&nodes.known[*i])).unwrap_or(start);
+        nodes.next = index;
+        nodes.known[index].clone()
     }
 
     pub(crate) fn node_count(&self) -> usize {
@@ -109,7 +132,7 @@ impl Client {
     /// round-robin position: a reconnect that refreshes then connects would otherwise take two
     /// steps for one attempt, and with three nodes never try one of them.
     pub(crate) async fn refresh_nodes(&self) {
-        let node = self.upcoming_node();
+        let node = self.current_node();
         if let Ok(Some(info)) = self.cluster_info(&node, self.config().connect_timeout).await {
             self.learn(&info);
         }

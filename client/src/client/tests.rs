@@ -427,6 +427,76 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
     }
 }
 
+/// A node serving `GET /topics/t/messages` with `answer`, counting the reads in `hits`.
+async fn reading_node(hits: Seen, answer: fn() -> Response) -> String {
+    serve(Router::new().route(
+        "/topics/{name}/messages",
+        get(move || async move {
+            record(&hits, b"null");
+            answer()
+        }),
+    ))
+    .await
+}
+
+fn a_page() -> Response {
+    Json(json!({"topic": "t", "messages": [], "next_cursor": 7, "current_sequence": 7, "first_available_sequence": 1}))
+        .into_response()
+}
+
+fn cursor_beyond() -> Response {
+    error_response(400, "invalid_cursor", json!({}))
+}
+
+/// Pages are read from one node while it answers: a cursor from one node's page may be past
+/// another's end. Before, each read went to the next node in turn.
+#[tokio::test]
+async fn reads_stay_on_one_node_while_it_answers() {
+    let (first_hits, second_hits) = (seen(), seen());
+    let first = reading_node(first_hits.clone(), a_page).await;
+    let second = reading_node(second_hits.clone(), a_page).await;
+    let client = fast_client(&[&first, &second]);
+    for _ in 0..4 {
+        let page = client.read_messages("t", ReadOptions::after(0)).await;
+        assert!(page.is_ok(), "{page:?}");
+    }
+    assert_eq!((bodies(&first_hits).len(), bodies(&second_hits).len()), (4, 0));
+}
+
+/// A node behind the others refuses a cursor past its end (`invalid_cursor`) or a topic it has
+/// not applied yet (`topic_not_found`); the read then goes to the next node at once, and
+/// the refusal is the answer only when every node gives it.
+#[tokio::test]
+async fn a_read_refused_by_a_node_behind_goes_to_the_next_node() {
+    let (behind_hits, ahead_hits) = (seen(), seen());
+    let behind = reading_node(behind_hits.clone(), cursor_beyond).await;
+    let ahead = reading_node(ahead_hits.clone(), a_page).await;
+    let client = fast_client(&[&behind, &ahead]);
+    let page = client.read_messages("t", ReadOptions::after(7)).await;
+    assert!(matches!(&page, Ok(p) if p.next_cursor == 7), "{page:?}");
+    assert_eq!((bodies(&behind_hits).len(), bodies(&ahead_hits).len()), (1, 1));
+    // The next read stays where the last one was answered.
+    assert!(client.read_messages("t", ReadOptions::after(7)).await.is_ok());
+    assert_eq!((bodies(&behind_hits).len(), bodies(&ahead_hits).len()), (1, 2));
+
+    let (a_hits, b_hits) = (seen(), seen());
+    let a = reading_node(a_hits.clone(), cursor_beyond).await;
+    let b = reading_node(b_hits.clone(), cursor_beyond).await;
+    let client = fast_client(&[&a, &b]);
+    let started = std::time::Instant::now();
+    let page = client.read_messages("t", ReadOptions::after(9)).await;
+    assert!(matches!(&page, Err(Error::Api(ApiError { status: 400, .. }))), "{page:?}");
+    assert_eq!((bodies(&a_hits).len(), bodies(&b_hits).len()), (1, 1), "each node asked once");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "no backoff: {:?}", started.elapsed());
+
+    // A node that cannot be reached is passed too: the refusal of the others is the answer,
+    // not "unreachable".
+    let dead = dead_address().await;
+    let c = reading_node(seen(), cursor_beyond).await;
+    let page = fast_client(&[&dead, &c]).read_messages("t", ReadOptions::after(9)).await;
+    assert!(matches!(&page, Err(Error::Api(ApiError { status: 400, .. }))), "{page:?}");
+}
+
 /// A read changes nothing: one whose answers never came is a timeout, not an outcome unknown.
 #[tokio::test]
 async fn a_read_that_times_out_is_a_plain_timeout() {

@@ -9,8 +9,9 @@ use axum::{Extension, Json};
 use openraft::ServerState;
 use serde_json::{json, Value};
 
+use super::input;
 use crate::app::{Leadership, SharedApp};
-use crate::budget::{ReadRoom, RoomFull};
+use crate::budget::{Room, RoomFull};
 use crate::error::ApiError;
 use crate::limits::METRICS_BODIES_WAIT_TIMEOUT;
 use crate::metrics::Metrics;
@@ -86,13 +87,16 @@ pub async fn metrics(
     State(app): State<SharedApp>,
     client: Option<Extension<ClientAddr>>,
 ) -> Result<Response, ApiError> {
-    let own = client.map(|Extension(ClientAddr(addr))| app.client_metrics_bodies.of(addr.ip()));
+    let own = input::client_ip(client).map(|ip| app.client_metrics_bodies.of(ip));
     let bytes = Metrics::rendered_bytes_max(app.reader.topic_count());
     let deadline = tokio::time::Instant::now() + METRICS_BODIES_WAIT_TIMEOUT;
-    let room = ReadRoom::take(&app.metrics_bodies, own, bytes, Some(deadline)).await.map_err(|full| match full {
-        RoomFull::Client => ApiError::Unavailable("this client already holds a metrics body it has not read".into()),
-        RoomFull::Node => ApiError::Unavailable("the node is busy sending metrics to other scrapers".into()),
-    })?;
+    let room =
+        Room::take(&app.metrics_bodies, own.as_ref(), bytes, Some(deadline)).await.map_err(|full| match full {
+            RoomFull::Client => {
+                ApiError::Unavailable("this client already holds a metrics body it has not read".into())
+            }
+            RoomFull::Node => ApiError::Unavailable("the node is busy sending metrics to other scrapers".into()),
+        })?;
     let turn = app.metrics.render_turn().await;
     // The room and the turn go with the render: a client gone meanwhile does not give them
     // back while the body is still being built.

@@ -2,19 +2,23 @@
 //! documented 4xx, never a panic or a 5xx.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery};
+use axum::Extension;
 use serde::de::DeserializeOwned;
-use tokio::sync::OwnedSemaphorePermit;
 
-use crate::budget::ByteBudget;
+use crate::app::App;
+use crate::budget::{ByteBudget, Room, RoomFull};
 use crate::error::ApiError;
 use crate::limits::{
-    BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, REQUEST_BODY_ROOM_TIMEOUT, TOPIC_NAME_CHARS_MAX,
+    BODY_DRAIN_BYTES_MAX, BODY_READ_TIMEOUT, ID_CHARS_MAX, REQUEST_BODIES_BYTES_PER_CLIENT_MAX,
+    REQUEST_BODY_ROOM_TIMEOUT, TOPIC_NAME_CHARS_MAX,
 };
+use crate::serve::ClientAddr;
 
 /// The topic name from the path, checked against `[A-Za-z0-9._-]{1,255}`.
 pub fn topic_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -55,6 +59,11 @@ pub fn percent_decoded(text: &str) -> Option<String> {
     percent_encoding::percent_decode_str(text).decode_utf8().ok().map(|d| d.into_owned())
 }
 
+/// The client's address, when the server knows it (a test may serve the router without it).
+pub fn client_ip(client: Option<Extension<ClientAddr>>) -> Option<IpAddr> {
+    client.map(|Extension(ClientAddr(addr))| addr.ip())
+}
+
 /// Reads a body of at most `limit` bytes; a larger one is `413 payload_too_large`.
 ///
 /// The rest of a too-large body is read and dropped (up to [`BODY_DRAIN_BYTES_MAX`]) before
@@ -64,16 +73,19 @@ pub fn percent_decoded(text: &str) -> Option<String> {
 /// A body that has not arrived within [`BODY_READ_TIMEOUT`] is `408 request_timeout`: a client
 /// trickling bytes (or stalled) must not hold a connection and its buffer forever.
 ///
-/// The body holds its size of the node's `budget` of request bodies until the last of its
-/// bytes is dropped. Room is taken as the bytes arrive, so a client that announces a large
-/// body and sends nothing holds nothing; a chunk that finds no room within
-/// [`REQUEST_BODY_ROOM_TIMEOUT`] is answered `503 unavailable` (the connection then closes).
-pub async fn body(budget: &ByteBudget, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    body_within(budget, body, limit, BODY_READ_TIMEOUT, REQUEST_BODY_ROOM_TIMEOUT).await
+/// The body holds its size of the node's budget of request bodies, and of its client's share
+/// of it, until the last of its bytes is dropped. Room is taken as the bytes arrive, so a
+/// client that announces a large body and sends nothing holds nothing; a chunk that finds no
+/// room within [`REQUEST_BODY_ROOM_TIMEOUT`] is answered `503 unavailable` (the connection
+/// then closes).
+pub async fn body(app: &App, client: Option<IpAddr>, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let own = client.map(|ip| app.client_request_bodies.of(ip));
+    body_within(&app.request_bodies, own.as_ref(), body, limit, BODY_READ_TIMEOUT, REQUEST_BODY_ROOM_TIMEOUT).await
 }
 
 async fn body_within(
-    budget: &ByteBudget,
+    node: &ByteBudget,
+    own: Option<&ByteBudget>,
     body: Body,
     limit: usize,
     timeout: Duration,
@@ -90,18 +102,19 @@ async fn body_within(
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;
-    let mut room: Option<OwnedSemaphorePermit> = None;
+    let mut room: Option<Room> = None;
     let read = async {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
             total += chunk.len();
             if total <= limit {
                 // Room is almost always free: only then skip arming a timer.
-                let more = match budget.try_take(chunk.len()) {
+                let more = match Room::try_take(node, own, chunk.len()) {
                     Some(more) => more,
-                    None => tokio::time::timeout(room_timeout, budget.take(chunk.len())).await.map_err(|_| {
-                        ApiError::Unavailable("the node holds too many request bodies; retry shortly".into())
-                    })?,
+                    None => {
+                        let deadline = tokio::time::Instant::now() + room_timeout;
+                        Room::take(node, own, chunk.len(), Some(deadline)).await.map_err(no_room_for_body)?
+                    }
                 };
                 match room.as_mut() {
                     Some(room) => room.merge(more),
@@ -119,6 +132,16 @@ async fn body_within(
         return Err(too_large());
     }
     Ok(ByteBudget::hold(Vec::from(buf), room))
+}
+
+fn no_room_for_body(full: RoomFull) -> ApiError {
+    ApiError::Unavailable(match full {
+        RoomFull::Client => format!(
+            "this client already sends {} MiB of request bodies the node has not answered; retry shortly",
+            REQUEST_BODIES_BYTES_PER_CLIENT_MAX >> 20
+        ),
+        RoomFull::Node => "the node holds too many request bodies; retry shortly".into(),
+    })
 }
 
 /// Parses a JSON body; an empty body is `None`.
@@ -167,31 +190,52 @@ mod tests {
     async fn a_body_that_does_not_arrive_in_time_is_a_request_timeout() {
         let budget = ByteBudget::new(1 << 20);
         let never = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
-        let result = body_within(&budget, never, 1024, SOON, SOON).await;
+        let result = body_within(&budget, None, never, 1024, SOON, SOON).await;
         assert!(matches!(result, Err(ApiError::RequestTimeout(_))), "{result:?}");
         assert_eq!(budget.held(), 0, "a body that sent nothing holds nothing");
-        let small = body_within(&budget, Body::from("{}"), 1024, SOON, SOON).await.unwrap();
+        let small = body_within(&budget, None, Body::from("{}"), 1024, SOON, SOON).await.unwrap();
         assert_eq!(&small[..], b"{}");
     }
 
     #[tokio::test]
     async fn bodies_hold_their_bytes_of_the_budget_until_dropped() {
         let budget = ByteBudget::new(1000);
-        let first = body_within(&budget, Body::from(vec![b'x'; 600]), 1024, SOON, SOON).await.unwrap();
+        let first = body_within(&budget, None, Body::from(vec![b'x'; 600]), 1024, SOON, SOON).await.unwrap();
         assert_eq!(budget.held(), 600);
         // No room for another 600: it waits, then is told to come back.
-        let refused = body_within(&budget, Body::from(vec![b'y'; 600]), 1024, SOON, SOON).await;
+        let refused = body_within(&budget, None, Body::from(vec![b'y'; 600]), 1024, SOON, SOON).await;
         assert!(matches!(refused, Err(ApiError::Unavailable(_))), "{refused:?}");
         assert_eq!(budget.held(), 600, "the refused body gave its room back");
         let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cd")].map(Ok::<_, std::io::Error>);
         let streamed =
-            body_within(&budget, Body::from_stream(futures_util::stream::iter(chunks)), 300, SOON, SOON).await.unwrap();
+            body_within(&budget, None, Body::from_stream(futures_util::stream::iter(chunks)), 300, SOON, SOON)
+                .await
+                .unwrap();
         assert_eq!((&streamed[..], budget.held()), (&b"abcd"[..], 604));
         let slice = first.slice(0..10);
         drop(first);
         assert_eq!(budget.held(), 604, "a slice of the body still holds it");
         drop((slice, streamed));
         assert_eq!(budget.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_clients_bodies_hold_its_share_and_leave_the_rest_to_others() {
+        let node = ByteBudget::new(1000);
+        let (a, b) = (ByteBudget::new(500), ByteBudget::new(500));
+        let first = body_within(&node, Some(&a), Body::from(vec![b'x'; 400]), 1024, SOON, SOON).await.unwrap();
+        assert_eq!((node.held(), a.held()), (400, 400));
+        // The node has room; this client's share has not.
+        let refused = body_within(&node, Some(&a), Body::from(vec![b'y'; 200]), 1024, SOON, SOON).await;
+        match refused {
+            Err(ApiError::Unavailable(message)) => assert!(message.contains("this client"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((node.held(), a.held()), (400, 400), "the refused body gave its room back");
+        let other = body_within(&node, Some(&b), Body::from(vec![b'z'; 200]), 1024, SOON, SOON).await.unwrap();
+        assert_eq!((node.held(), b.held()), (600, 200));
+        drop((first, other));
+        assert_eq!((node.held(), a.held(), b.held()), (0, 0, 0));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use axum::Extension;
 use super::input;
 use super::topics::active;
 use crate::app::SharedApp;
-use crate::budget::{ReadRoom, RoomFull};
+use crate::budget::{Room, RoomFull};
 use crate::error::ApiError;
 use crate::limits::{
     READ_LIMIT_DEFAULT, READ_LIMIT_MAX, READ_PAGES_BYTES_PER_CLIENT_MAX, READ_PAGES_WAIT_TIMEOUT,
@@ -35,7 +35,7 @@ pub async fn read(
     path: Result<Path<String>, PathRejection>,
     query: RawQuery,
 ) -> Result<Response, ApiError> {
-    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    let client = input::client_ip(client);
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
     let record = active(&app, &topic)?;
@@ -149,10 +149,10 @@ async fn page(
 /// A response body's room in the node's budget of pages read and its client's share of it,
 /// reserved for its worst case before it is built and held until it has been sent; `503
 /// unavailable` when there is none within [`READ_PAGES_WAIT_TIMEOUT`].
-pub(super) async fn reserve(app: &SharedApp, client: Option<IpAddr>, bytes: usize) -> Result<ReadRoom, ApiError> {
+pub(super) async fn reserve(app: &SharedApp, client: Option<IpAddr>, bytes: usize) -> Result<Room, ApiError> {
     let deadline = tokio::time::Instant::now() + READ_PAGES_WAIT_TIMEOUT;
     let own = client.map(|ip| app.client_read_pages.of(ip));
-    ReadRoom::take(&app.read_pages, own, bytes, Some(deadline)).await.map_err(|full| match full {
+    Room::take(&app.read_pages, own.as_ref(), bytes, Some(deadline)).await.map_err(|full| match full {
         RoomFull::Client => ApiError::Unavailable(format!(
             "this client already holds {} MiB of pages it has not read yet",
             READ_PAGES_BYTES_PER_CLIENT_MAX >> 20

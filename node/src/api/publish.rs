@@ -5,7 +5,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use raft_store::{NewMessage, PublishResult, Request, Response as SmResponse};
 use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -23,6 +23,7 @@ use crate::limits::{
 };
 use crate::metrics::Outcome;
 use crate::propose::Committed;
+use crate::serve::ClientAddr;
 
 /// A message as a client sends it.
 #[derive(Deserialize)]
@@ -241,6 +242,7 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
 
 pub async fn publish(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
     query: RawQuery,
     uri: Uri,
@@ -248,7 +250,7 @@ pub async fn publish(
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
     let mode = ack_mode(&input::query(query)?)?;
-    let bytes = input::body(&app.request_bodies, body, PUBLISH_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app, input::client_ip(client), body, PUBLISH_BODY_BYTES_MAX).await?;
     let Incoming { message, id_generated } = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
@@ -352,6 +354,7 @@ fn stored_sequence(app: &SharedApp, topic: &str, id: &str, response: SmResponse)
 
 pub async fn batch(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
     query: RawQuery,
     uri: Uri,
@@ -365,7 +368,7 @@ pub async fn batch(
             "a batch is answered after commit only: ack=appended is not offered".into(),
         ));
     }
-    let bytes = input::body(&app.request_bodies, body, BATCH_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app, input::client_ip(client), body, BATCH_BODY_BYTES_MAX).await?;
     let batch: BatchIn = parse(&bytes)?;
     // More than the maximum is refused while parsing (`at_most_batch_messages`).
     if batch.messages.is_empty() {

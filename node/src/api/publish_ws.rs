@@ -10,6 +10,7 @@
 //! A connection's messages are stored in the order sent: one task per connection queues its
 //! groups of frames in turn, and only their commits are awaited together.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures_util::stream::SplitSink;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use raft_store::{NewMessage, PublishResult};
@@ -32,7 +34,7 @@ use super::input;
 use super::publish::{new_message_from, present, publish_outcome, queue_publish, Incoming, MessageFields};
 use super::topics::active;
 use crate::app::SharedApp;
-use crate::budget::ByteBudget;
+use crate::budget::{ByteBudget, Room};
 use crate::error::{truncated, ApiError};
 use crate::limits::{
     PUBLISHER_READ_BUFFER_BYTES, PUBLISH_BODY_BYTES_MAX, PUBLISH_WS_CONNECTIONS_MAX, PUBLISH_WS_ERROR_TEXT_CHARS_MAX,
@@ -40,6 +42,7 @@ use crate::limits::{
     PUBLISH_WS_INFLIGHT_BYTES_MAX, PUBLISH_WS_INFLIGHT_MAX, PUBLISH_WS_PING_INTERVAL, PUBLISH_WS_REF_BYTES_MAX,
     PUBLISH_WS_SEND_TIMEOUT,
 };
+use crate::serve::ClientAddr;
 
 #[derive(Deserialize)]
 struct PublishFrame {
@@ -63,11 +66,13 @@ struct FrameRef {
 
 pub async fn upgrade(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
+    let client = input::client_ip(client);
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &topic)?;
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
@@ -80,7 +85,7 @@ pub async fn upgrade(
         .max_frame_size(PUBLISH_WS_FRAME_READ_BYTES_MAX)
         .read_buffer_size(PUBLISHER_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
-            serve(app, socket, topic).await;
+            serve(app, client, socket, topic).await;
             drop(place);
         })
         .into_response())
@@ -120,18 +125,18 @@ fn echoable(reference: Option<&RawValue>) -> Option<&RawValue> {
 }
 
 /// Frames read together, with their share of the connection's room in flight (count, bytes),
-/// held until they are answered, and of the node's room for request bodies, held until they
-/// are in the proposer's queue (which counts them from there).
+/// held until they are answered, and of the node's room for request bodies (and its client's
+/// share of it), held until they are in the proposer's queue (which counts them from there).
 struct Group {
     frames: Vec<Utf8Bytes>,
     room: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    node_room: OwnedSemaphorePermit,
+    node_room: Room,
 }
 
 /// How a publishing connection ends: the close frame the server sends.
 type CloseWith = (u16, &'static str);
 
-async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
+async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic: String) {
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<String>(PUBLISH_WS_INFLIGHT_MAX);
     let (close_tx, close_rx) = oneshot::channel::<CloseWith>();
@@ -190,6 +195,7 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
     // reading waits.
     let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
     let inflight_bytes = ByteBudget::new(PUBLISH_WS_INFLIGHT_BYTES_MAX);
+    let client_bodies = client.map(|ip| app.client_request_bodies.of(ip));
     let (groups, to_propose) = mpsc::channel::<Group>(PUBLISH_WS_INFLIGHT_MAX);
     tokio::spawn(propose_in_order(app.clone(), topic.clone(), to_propose, tx.clone()));
     let mut open = true;
@@ -259,11 +265,14 @@ async fn serve(app: SharedApp, socket: WebSocket, topic: String) {
         }
         // The group's size is at most PUBLISH_WS_GROUP_FRAMES_MAX, which fits in a u32.
         let frames = group.len() as u32;
-        // The node's budget for request bodies too: without it, many connections could each
-        // hold their own budget's worth while the proposer's queue is full.
+        // The node's budget for request bodies too, and the client's share of it: without
+        // them, many connections could each hold their own budget's worth while the
+        // proposer's queue is full.
         let room = async {
             let count = permits.clone().acquire_many_owned(frames).await;
-            (count, inflight_bytes.take(bytes).await, app.request_bodies.take(bytes).await)
+            let connection_bytes = inflight_bytes.take(bytes).await;
+            let node_bytes = Room::take(&app.request_bodies, client_bodies.as_ref(), bytes, None).await;
+            (count, connection_bytes, node_bytes.expect("a wait without a deadline ends with room"))
         };
         let (Ok(count), own_bytes, node_bytes) = (tokio::select! {
             room = room => room,

@@ -89,7 +89,7 @@ pub async fn subscribe(
     // it may, none of them its own). A read failing during a snapshot install tells nothing.
     let acks_refused = app.reader.cursor_count(record.id) >= CURSORS_PER_TOPIC_MAX
         && matches!(app.reader.cursor(record.id, &subscriber_id), Ok(None));
-    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    let client = super::input::client_ip(client);
     let session =
         Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused, client };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {

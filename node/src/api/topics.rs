@@ -79,12 +79,13 @@ fn retention(metadata: &Map<String, Value>) -> Result<Retention, ApiError> {
 
 pub async fn create(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = input::topic_name(path)?;
-    let bytes = input::body(&app.request_bodies, body, TOPIC_BODY_BYTES_MAX).await?;
+    let bytes = input::body(&app, input::client_ip(client), body, TOPIC_BODY_BYTES_MAX).await?;
     let (metadata, retention) = creation_metadata(&bytes)?;
     app.require_leader(&input::path_and_query(&uri))?;
     if active(&app, &name).is_ok() {
@@ -143,7 +144,7 @@ pub async fn list(
         Some(Ok(n)) if (1..=TOPICS_MAX).contains(&n) => n,
         Some(_) => return Err(ApiError::InvalidRequest(format!("limit must be 1 to {TOPICS_MAX}"))),
     };
-    let client = client.map(|Extension(ClientAddr(addr))| addr.ip());
+    let client = input::client_ip(client);
     // For the body; the records it is built from are gone before it is sent.
     let worst = limit.min(app.reader.topic_count()) * TOPIC_LIST_ITEM_BYTES_MAX;
     let room = reserve(&app, client, worst).await?;

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::frames;
 use crate::app::SharedApp;
-use crate::budget::ReadRoom;
+use crate::budget::Room;
 use crate::limits::{
     SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_BYTES_RESERVED, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES,
     SUBSCRIBE_PING_INTERVAL,
@@ -313,7 +313,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
                 let own = s.client.map(|ip| app.client_read_pages.of(ip));
-                let take = ReadRoom::take(&app.read_pages, own, SUBSCRIBE_PAGE_BYTES_RESERVED, None);
+                let take = Room::take(&app.read_pages, own.as_ref(), SUBSCRIBE_PAGE_BYTES_RESERVED, None);
                 tokio::pin!(take);
                 let mut room = loop {
                     tokio::select! {

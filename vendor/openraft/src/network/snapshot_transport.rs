@@ -116,6 +116,19 @@ const SNAPSHOT_CHUNK_MAX_RETRIES: u64 = 5;
 const SNAPSHOT_CHUNK_RETRY_BASE: Duration = Duration::from_millis(10);
 const SNAPSHOT_CHUNK_RETRY_MAX: Duration = Duration::from_millis(200);
 
+/// PATCHED (pubsub-raft): the receiver answers the last chunk only once it has installed the
+/// whole snapshot, which takes time in proportion to its size (the receiver may read it
+/// through, copy it and write it into its state machine). That chunk gets `hard_ttl` plus a
+/// second for every this many bytes of the snapshot: a slow disk's pace. Without it, a
+/// snapshot whose install takes longer than `hard_ttl` was timed out while the receiver
+/// installed it, and sent again whole.
+pub(crate) const SNAPSHOT_INSTALL_BYTES_PER_SEC: u64 = 8 * 1024 * 1024;
+
+/// PATCHED (pubsub-raft): how long the chunk that ends a snapshot of `size` bytes may take.
+fn last_chunk_ttl(hard_ttl: Duration, size: u64) -> Duration {
+    hard_ttl.saturating_add(Duration::from_secs_f64(size as f64 / SNAPSHOT_INSTALL_BYTES_PER_SEC as f64))
+}
+
 /// Fallback delay used when a caller-supplied [`Backoff`] iterator has been
 /// exhausted. Matches the constant used by the default
 /// [`RaftNetwork::backoff()`] implementation.
@@ -195,8 +208,16 @@ where C::SnapshotData: tokio::io::AsyncRead + tokio::io::AsyncWrite + tokio::io:
                 "sending snapshot chunk"
             );
 
+            // PATCHED (pubsub-raft): the last chunk's answer waits for the install.
+            let chunk_option = if done {
+                let mut last = RPCOption::new(last_chunk_ttl(option.hard_ttl(), end));
+                last.snapshot_chunk_size = option.snapshot_chunk_size;
+                last
+            } else {
+                option.clone()
+            };
             #[allow(deprecated)]
-            let res = C::timeout(option.hard_ttl(), net.install_snapshot(req, option.clone())).await;
+            let res = C::timeout(chunk_option.hard_ttl(), net.install_snapshot(req, chunk_option)).await;
 
             let resp = match res {
                 Err(outer_err) => {
@@ -465,6 +486,108 @@ mod gap_tests {
         let mismatch = streaming.gap_before(150).expect("a hole of 50 bytes");
         assert_eq!((mismatch.expect.offset, mismatch.got.offset), (100, 150));
         assert_eq!(mismatch.expect.id, "s1");
+    }
+}
+
+/// PATCHED (pubsub-raft): the last chunk of a snapshot has time for its install.
+#[cfg(test)]
+mod last_chunk_tests {
+    use std::io::Cursor;
+    use std::time::Duration;
+
+    use super::last_chunk_ttl;
+    use super::Chunked;
+    use super::SnapshotTransport;
+    use super::SNAPSHOT_INSTALL_BYTES_PER_SEC;
+    use crate::engine::testing::UTConfig;
+    use crate::error::InstallSnapshotError;
+    use crate::error::RPCError;
+    use crate::error::RaftError;
+    use crate::error::StreamingError;
+    use crate::error::Unreachable;
+    use crate::network::RPCOption;
+    use crate::raft::AppendEntriesRequest;
+    use crate::raft::AppendEntriesResponse;
+    use crate::raft::InstallSnapshotRequest;
+    use crate::raft::InstallSnapshotResponse;
+    use crate::raft::VoteRequest;
+    use crate::raft::VoteResponse;
+    use crate::RaftNetwork;
+    use crate::Snapshot;
+    use crate::SnapshotMeta;
+    use crate::StoredMembership;
+    use crate::Vote;
+
+    /// Answers each chunk at once, but the last one only after `install` (its install).
+    struct Installing {
+        install: Duration,
+        received: Vec<(u64, bool)>,
+    }
+
+    impl RaftNetwork<UTConfig> for Installing {
+        async fn append_entries(
+            &mut self,
+            _rpc: AppendEntriesRequest<UTConfig>,
+            _option: RPCOption,
+        ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, (), RaftError<u64>>> {
+            Err(Unreachable::new(&anyerror::AnyError::error("not used")).into())
+        }
+
+        async fn vote(
+            &mut self,
+            _rpc: VoteRequest<u64>,
+            _option: RPCOption,
+        ) -> Result<VoteResponse<u64>, RPCError<u64, (), RaftError<u64>>> {
+            Err(Unreachable::new(&anyerror::AnyError::error("not used")).into())
+        }
+
+        async fn install_snapshot(
+            &mut self,
+            rpc: InstallSnapshotRequest<UTConfig>,
+            _option: RPCOption,
+        ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, (), RaftError<u64, InstallSnapshotError>>> {
+            self.received.push((rpc.offset, rpc.done));
+            if rpc.done {
+                tokio::time::sleep(self.install).await;
+            }
+            Ok(InstallSnapshotResponse { vote: rpc.vote })
+        }
+    }
+
+    /// Sends a snapshot of `size` bytes in two chunks, each with `hard_ttl`, to a receiver
+    /// whose install takes `install`.
+    async fn send(size: usize, hard_ttl: Duration, install: Duration) -> (bool, Vec<(u64, bool)>) {
+        let mut net = Installing { install, received: vec![] };
+        let mut option = RPCOption::new(hard_ttl);
+        option.snapshot_chunk_size = Some(size / 2);
+        let snapshot = Snapshot::<UTConfig>::new(
+            SnapshotMeta {
+                last_log_id: None,
+                last_membership: StoredMembership::default(),
+                snapshot_id: "1-1-1-4".to_string(),
+            },
+            Box::new(Cursor::new(vec![0u8; size])),
+        );
+        let sent = Chunked::send_snapshot(&mut net, Vote::new(1, 0), snapshot, futures::future::pending(), option).await;
+        if let Err(e) = &sent {
+            assert!(matches!(e, StreamingError::Network(_)), "{e}");
+        }
+        (sent.is_ok(), net.received)
+    }
+
+    #[tokio::test]
+    async fn the_last_chunk_waits_for_an_install_that_takes_longer_than_a_chunk() {
+        let size = SNAPSHOT_INSTALL_BYTES_PER_SEC as usize / 8;
+        let hard_ttl = Duration::from_millis(20);
+        assert_eq!(last_chunk_ttl(hard_ttl, size as u64), Duration::from_millis(145));
+        // An install of four times a chunk's time: answered.
+        let (sent, received) = send(size, hard_ttl, Duration::from_millis(80)).await;
+        assert!(sent);
+        assert_eq!(received, vec![(0, false), (size as u64 / 2, true)]);
+        // One well past what its size allows still times out, and is not retried.
+        let (sent, received) = send(size, hard_ttl, Duration::from_millis(400)).await;
+        assert!(!sent);
+        assert_eq!(received, vec![(0, false), (size as u64 / 2, true)]);
     }
 }
 
