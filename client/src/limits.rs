@@ -12,10 +12,10 @@ pub const BATCH_MESSAGES_MAX: usize = 1000;
 /// Largest batch body the server takes (API.md §4; `413 payload_too_large` past it).
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// The CLI's `--batch` ends a batch once its input lines hold this many bytes, before
-/// [`BATCH_MESSAGES_MAX`] lines when they are large: half the body limit, so that the line
-/// that crosses it (a payload is at most 1 MiB) still fits in the body.
-pub const CLI_BATCH_LINES_BYTES: usize = BATCH_BODY_BYTES_MAX / 2;
+/// The CLI's `--batch` ends a batch once its messages, as JSON in the body, hold this many
+/// bytes, before [`BATCH_MESSAGES_MAX`] when they are large: half the body limit, so that the
+/// message that crosses it (a payload is at most 1 MiB) still fits in the body.
+pub const CLI_BATCH_BYTES: usize = BATCH_BODY_BYTES_MAX / 2;
 
 /// Longest message id the server accepts (API.md §1); longer ids are refused locally.
 pub const MESSAGE_ID_CHARS_MAX: usize = 256;

@@ -334,9 +334,9 @@ pub const RAFT_SERVER_INFLIGHT_MAX: usize = 256;
 /// room while the node works (a forwarded write waits up to [`WRITE_TIMEOUT`] for its commit,
 /// a snapshot chunk up to [`SNAPSHOT_CHUNK_TIMEOUT_MS`], then [`PEER_STALL_TIMEOUT`] to write
 /// its answer; only a snapshot's last chunk, answered once it is installed, holds its 4 MiB
-/// longer, and it is one request), so only a stalled Raft core gets there. Its sender, which reads no pong meanwhile,
-/// gave up on the connection and dialled again; left open, each such connection would hold
-/// one more frame outside the budget.
+/// longer, and it is one request), so only a stalled Raft core gets there. Its sender, which
+/// reads no pong meanwhile, gave up on the connection and dialled again; left open, each such
+/// connection would hold one more frame outside the budget.
 pub const RAFT_ROOM_WAIT_MAX: Duration = Duration::from_secs(15);
 
 /// Bytes of Raft requests received from peers that a node holds at once, all connections
@@ -388,7 +388,8 @@ const _: () = {
     assert!(WRITE_STALL_TIMEOUT.as_millis() > PEER_STALL_TIMEOUT.as_millis());
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
-    // A request that holds room while the node works never outlasts the wait for it.
+    // A request that holds room while the node works never outlasts the wait for it (but a
+    // snapshot's last chunk, which waits for the install: one request, 4 MiB).
     assert!(RAFT_ROOM_WAIT_MAX.as_millis() > WRITE_TIMEOUT.as_millis() + PEER_STALL_TIMEOUT.as_millis());
     assert!(RAFT_ROOM_WAIT_MAX.as_millis() > SNAPSHOT_CHUNK_TIMEOUT_MS as u128 + PEER_STALL_TIMEOUT.as_millis());
     assert!(SNAPSHOT_CHUNK_BYTES as usize <= RAFT_MESSAGE_BYTES_MAX / 2);

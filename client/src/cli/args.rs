@@ -120,7 +120,7 @@ pub struct PublishArgs {
     /// Topic name.
     pub topic: String,
     /// The payload as JSON (text that is not JSON is sent as a JSON string, unless it starts
-    /// like JSON: then it is refused), or `-` to publish each stdin line as one message.
+    /// with `{`: then it is refused), or `-` to publish each stdin line as one message.
     pub payload: Option<String>,
     /// Message id for deduplication (default: a generated UUID).
     #[arg(long, conflicts_with = "batch")]
@@ -302,13 +302,14 @@ fn parse_json_object(s: &str) -> Result<Value, String> {
 }
 
 /// A payload from the command line or a line of input: JSON when it parses, else the text
-/// as a JSON string. Text that starts like JSON (`{`, `[` or `"`) but does not parse is
-/// refused: it is almost always JSON the shell took the quotes out of (`{"a":1}` unquoted
-/// arrives as `{a:1}`), and stored as a string it would fail its consumers later.
+/// as a JSON string. Text that starts like a JSON object (`{`) but does not parse is refused:
+/// it is almost always JSON the shell took the quotes out of (`{"a":1}` unquoted arrives as
+/// `{a:1}`), and stored as a string it would fail its consumers later. (`[` and `"` start
+/// too many log lines, `[INFO] ...`, to be refused.)
 pub fn payload_from_text(text: &str) -> Result<Value, String> {
     match serde_json::from_str(text) {
         Ok(value) => Ok(value),
-        Err(e) if text.trim_start().starts_with(['{', '[', '"']) => Err(format!(
+        Err(e) if text.trim_start().starts_with('{') => Err(format!(
             "it starts like JSON but is not JSON ({e}); quote it for the shell, as in '{{\"a\":1}}', \
              or give text as a JSON string"
         )),

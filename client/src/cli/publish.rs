@@ -7,7 +7,7 @@ use super::args::{payload_from_text, PublishArgs};
 use super::{CliError, Output};
 use crate::client::{ensure_id, Client};
 use crate::error::{Error, ErrorCode};
-use crate::limits::{BATCH_MESSAGES_MAX, CLI_BATCH_LINES_BYTES};
+use crate::limits::{BATCH_MESSAGES_MAX, CLI_BATCH_BYTES};
 use crate::types::{AckMode, BatchAck, BatchItem, NewMessage, PublishAck};
 
 pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> Result<(), CliError> {
@@ -23,7 +23,7 @@ pub(super) async fn run(client: &Client, output: &Output, args: PublishArgs) -> 
             }
             let (mut lines, rerun) = numbered_lines(args.id_prefix);
             let stdin = &mut std::io::stdin().lock();
-            publish_lines(client, output, &args.topic, stdin, &mut lines, ack, Some(&rerun)).await
+            publish_lines(client, output, &args.topic, stdin, &mut lines, ack, &rerun).await
         }
         Some(_) if args.id_prefix.is_some() => {
             Err(CliError::Usage("--id-prefix numbers input lines: use it with `-` or --batch (--id for one)".into()))
@@ -57,8 +57,7 @@ fn numbered_lines(id_prefix: Option<String>) -> (Lines, String) {
 /// Publishes each line of `input` (`publish -`) as it is read: one publish per line as lines
 /// arrive, so `producer | pubsub publish t -` streams instead of waiting for the end of input.
 /// A line that cannot be read, or whose publish fails, stops it, saying which line and that
-/// the ones before it were published; `rerun`, when given, is the command that publishes
-/// each line once.
+/// the ones before it were published; `rerun` is the command that publishes each line once.
 pub(super) async fn publish_lines(
     client: &Client,
     output: &Output,
@@ -66,18 +65,19 @@ pub(super) async fn publish_lines(
     input: &mut impl BufRead,
     lines: &mut Lines,
     ack: AckMode,
-    rerun: Option<&str>,
+    rerun: &str,
 ) -> Result<(), CliError> {
     let mut line = String::new();
-    while lines.read_line(input, &mut line).map_err(|unreadable| unreadable.into_error(lines.read, rerun))? {
-        let next = lines.next(&line).map_err(|unusable| unusable.into_error(lines.read - 1, rerun))?;
+    while lines.read_line(input, &mut line).map_err(|unreadable| unreadable.into_error(lines.read, Some(rerun)))? {
+        let next = lines.next(&line).map_err(|unusable| unusable.into_error(lines.read - 1, Some(rerun)))?;
         let Some(message) = next else {
             continue;
         };
         if let Err(error) = publish_one(client, output, topic, message, ack).await {
             let error = input_left_unpublished(error);
             if !matches!(error, CliError::Io(_)) {
-                output.note(&stopped_at(lines.read, rerun));
+                let (text, value) = stopped_at(lines.read, lines.id_prefix.as_deref(), rerun);
+                output.notice(&text, &value);
             }
             return Err(error);
         }
@@ -85,14 +85,20 @@ pub(super) async fn publish_lines(
     Ok(())
 }
 
-/// Where `publish -` stopped when the publish of input line `line` failed.
-fn stopped_at(line: u64, rerun: Option<&str>) -> String {
+/// Where `publish -` stopped when the publish of input line `line` failed, for people and
+/// as a JSON warning (with `--json` too: without the prefix it chose, the lines cannot be
+/// published again under the same ids).
+fn stopped_at(line: u64, id_prefix: Option<&str>, rerun: &str) -> (String, serde_json::Value) {
     let before = match line {
         1 => "no line before it was published".to_string(),
         _ => format!("{} published", lines_were(1, line - 1)),
     };
-    let rerun = rerun.map(|rerun| format!("; running {rerun} publishes each line once")).unwrap_or_default();
-    format!("stopped at input line {line}: {before}; the lines after it were not{rerun}")
+    let text = format!(
+        "stopped at input line {line}: {before}; the lines after it were not; running {rerun} publishes each line once"
+    );
+    let value = serde_json::json!({"type": "warning", "error": "publish_stopped", "message": text, "line": line,
+        "id_prefix": id_prefix});
+    (text, value)
 }
 
 /// Publishes one message and prints its ack. When the publish failed in a way that may still
@@ -244,8 +250,8 @@ fn lines_were(from: u64, to: u64) -> String {
     format!("{} {verb}", lines_named(from, to))
 }
 
-/// Reads up to `max` messages (blank lines skipped), ending early once the lines read hold
-/// [`CLI_BATCH_LINES_BYTES`]; an empty result means end of input.
+/// Reads up to `max` messages (blank lines skipped), ending early once they hold
+/// [`CLI_BATCH_BYTES`] as sent; an empty result means end of input.
 pub(super) fn read_batch(
     reader: &mut impl BufRead,
     max: usize,
@@ -254,17 +260,21 @@ pub(super) fn read_batch(
     let mut messages = Vec::new();
     let mut line = String::new();
     let mut bytes = 0;
-    while messages.len() < max && bytes < CLI_BATCH_LINES_BYTES {
+    while messages.len() < max && bytes < CLI_BATCH_BYTES {
         if !lines.read_line(reader, &mut line)? {
             break;
         }
-        bytes += line.len();
         if let Some(message) = lines.next(&line)? {
+            // As JSON in the body: a string's escapes may double its text.
+            bytes += serde_json::to_vec(&message).map_or(line.len(), |json| json.len()) + GENERATED_ID_BYTES;
             messages.push(message);
         }
     }
     Ok(messages)
 }
+
+/// Room for an id the client generates at publish time (a UUID) and the separators.
+const GENERATED_ID_BYTES: usize = 64;
 
 /// A prefix no other run chooses: a time-ordered UUID, so the ids of one run sit together
 /// in each node's dedup index.
@@ -401,18 +411,23 @@ fn print_ack(output: &Output, ack: &PublishAck) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::stopped_at;
+    use serde_json::json;
 
     #[test]
     fn a_failed_line_names_where_publishing_stopped() {
+        let (text, value) = stopped_at(4, Some("p-"), "the same command again with --id-prefix p-");
         assert_eq!(
-            stopped_at(4, Some("the same command again with --id-prefix p-")),
+            text,
             "stopped at input line 4: lines 1-3 were published; the lines after it were not; \
              running the same command again with --id-prefix p- publishes each line once"
         );
-        assert_eq!(stopped_at(2, None), "stopped at input line 2: line 1 was published; the lines after it were not");
         assert_eq!(
-            stopped_at(1, None),
-            "stopped at input line 1: no line before it was published; the lines after it were not"
+            (&value["line"], &value["id_prefix"], &value["error"]),
+            (&json!(4), &json!("p-"), &json!("publish_stopped"))
         );
+        assert!(stopped_at(2, None, "again").0.starts_with("stopped at input line 2: line 1 was published;"));
+        assert!(stopped_at(1, None, "again")
+            .0
+            .starts_with("stopped at input line 1: no line before it was published;"));
     }
 }

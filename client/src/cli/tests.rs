@@ -199,9 +199,13 @@ fn text_that_is_not_json_is_published_as_a_json_string() {
 /// string "{a:1}".
 #[test]
 fn text_that_starts_like_json_but_is_not_is_refused() {
-    for text in ["{a:1}", "[1, 2", r#""unterminated"#, "  {oops"] {
+    for text in ["{a:1}", "{\"a\": 1", "  {oops"] {
         let refused = payload_from_text(text);
         assert!(matches!(&refused, Err(e) if e.contains("starts like JSON")), "{text}: {refused:?}");
+    }
+    // Log lines that start with `[` or `"` are text.
+    for text in ["[INFO] started", r#""x" said"#] {
+        assert_eq!(payload_from_text(text), Ok(json!(text)));
     }
     let mut input = std::io::Cursor::new("1\n{a:1}\n3\n");
     let mut lines = publish::Lines { read: 0, id_prefix: None };
@@ -215,19 +219,31 @@ fn text_that_starts_like_json_but_is_not_is_refused() {
 }
 
 /// Large lines end a batch before 1,000 of them: a thousand lines of 17 KB, or thirty of
-/// 600 KB, would make a body past the server's 16 MiB.
+/// 600 KB, would make a body past the server's 16 MiB. Counted as sent: text of quotes
+/// doubles as a JSON string.
 #[test]
 fn batch_input_of_large_lines_is_read_in_chunks_of_bytes() {
-    use crate::limits::{BATCH_BODY_BYTES_MAX, CLI_BATCH_LINES_BYTES};
-    let line = format!("\"{}\"\n", "x".repeat(599_998));
-    let mut reader = std::io::Cursor::new(line.repeat(20));
-    let mut lines = publish::Lines { read: 0, id_prefix: None };
-    let first = publish::read_batch(&mut reader, 1000, &mut lines).unwrap_or_default();
-    let taken = CLI_BATCH_LINES_BYTES.div_ceil(line.len());
-    assert_eq!(first.len(), taken);
-    assert!(taken * line.len() < BATCH_BODY_BYTES_MAX);
-    let second = publish::read_batch(&mut reader, 1000, &mut lines).unwrap_or_default();
-    assert_eq!(second.len(), 20 - taken);
+    use crate::limits::{BATCH_BODY_BYTES_MAX, CLI_BATCH_BYTES};
+    let read_all = |input: String| {
+        let mut reader = std::io::Cursor::new(input);
+        let mut lines = publish::Lines { read: 0, id_prefix: None };
+        let mut batches = Vec::new();
+        loop {
+            let batch = publish::read_batch(&mut reader, 1000, &mut lines).unwrap_or_default();
+            if batch.is_empty() {
+                return batches;
+            }
+            let body = serde_json::to_vec(&serde_json::json!({ "messages": batch })).unwrap_or_default();
+            assert!(body.len() < BATCH_BODY_BYTES_MAX, "a body of {} bytes", body.len());
+            batches.push(batch.len());
+        }
+    };
+    let in_chunks_of = |taken: usize| -> Vec<usize> { [0; 20].chunks(taken).map(<[u8]>::len).collect() };
+    let json_line = format!("\"{}\"\n", "x".repeat(599_998));
+    assert_eq!(read_all(json_line.repeat(20)), in_chunks_of(CLI_BATCH_BYTES.div_ceil(600_000 + 64)));
+    // Text of 600 KB of quotes: 1.2 MB each as a JSON string.
+    let quotes = format!("x{}\n", "\"".repeat(599_999));
+    assert_eq!(read_all(quotes.repeat(20)), in_chunks_of(CLI_BATCH_BYTES.div_ceil(1_200_000 + 3 + 64)));
 }
 
 #[test]
@@ -517,7 +533,7 @@ async fn an_unreadable_stdin_line_is_named_and_the_lines_before_it_were_publishe
         &mut input,
         &mut lines,
         crate::AckMode::Committed,
-        None,
+        "the same command again",
     )
     .await;
     let error = match outcome {

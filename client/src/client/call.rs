@@ -201,7 +201,13 @@ impl Client {
                 };
                 let (status, location, body) = (answer.status, answer.location, answer.body);
                 let error = (status >= 300).then(|| ApiError::from_body(status, &body));
-                let lag_refusal = call.method == Method::GET && error.as_ref().is_some_and(may_lag_behind);
+                // Not the cached leader's: it is the freshest. Not a long poll's `invalid_cursor`
+                // either: that node already waited the whole wait for the cursor.
+                let lag_refusal = call.method == Method::GET
+                    && self.leader().as_ref() != Some(&target)
+                    && error.as_ref().is_some_and(|e| {
+                        may_lag_behind(e) && (e.code != ErrorCode::InvalidCursor || call.extra_timeout.is_zero())
+                    });
                 if lag_refusal {
                     passed.insert(target.clone());
                 }

@@ -497,6 +497,42 @@ async fn a_read_refused_by_a_node_behind_goes_to_the_next_node() {
     assert!(matches!(&page, Err(Error::Api(ApiError { status: 400, .. }))), "{page:?}");
 }
 
+/// Two refusals stay final at once: the cached leader's (it is the freshest: a follower might
+/// still show a topic the leader deleted), and a long poll's `invalid_cursor` (that node
+/// already waited the whole wait for the cursor; asking the others would wait again each).
+#[tokio::test]
+async fn a_refusal_of_the_leader_or_after_a_long_poll_is_final() {
+    let (leader_hits, other_hits) = (seen(), seen());
+    let leader = {
+        let hits = leader_hits.clone();
+        serve_with(move |me| {
+            let cluster = cluster_body("node-1", Some(&me), &[&me]);
+            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+                "/topics/{name}/messages",
+                get(move || async move {
+                    record(&hits, b"null");
+                    error_response(404, "topic_not_found", json!({}))
+                }),
+            )
+        })
+        .await
+    };
+    let other = reading_node(other_hits.clone(), a_page).await;
+    let client = fast_client(&[&leader, &other]);
+    assert!(client.cluster().await.is_ok(), "the leader is cached");
+    let page = client.read_messages("t", ReadOptions::after(0)).await;
+    assert!(matches!(&page, Err(Error::Api(ApiError { status: 404, .. }))), "{page:?}");
+    assert_eq!((bodies(&leader_hits).len(), bodies(&other_hits).len()), (1, 0));
+
+    let (behind_hits, ahead_hits) = (seen(), seen());
+    let behind = reading_node(behind_hits.clone(), cursor_beyond).await;
+    let ahead = reading_node(ahead_hits.clone(), a_page).await;
+    let long_poll = ReadOptions::after(9).wait(std::time::Duration::from_millis(50));
+    let page = fast_client(&[&behind, &ahead]).read_messages("t", long_poll).await;
+    assert!(matches!(&page, Err(Error::Api(ApiError { status: 400, .. }))), "{page:?}");
+    assert_eq!((bodies(&behind_hits).len(), bodies(&ahead_hits).len()), (1, 0));
+}
+
 /// A read changes nothing: one whose answers never came is a timeout, not an outcome unknown.
 #[tokio::test]
 async fn a_read_that_times_out_is_a_plain_timeout() {
