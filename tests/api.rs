@@ -703,6 +703,24 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
 /// fills and empties the per-topic series: two at once used to encode each other's half-filled
 /// ones), and its body stays within the room reserved for it in the metrics budget (one series
 /// per topic, names at their longest), a budget of its own: none of it in the read budget.
+/// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names; every node
+/// says which version it runs, in `/cluster` and as `pubsub_build_info`.
+#[tokio::test]
+async fn the_leader_alone_reports_itself_and_every_node_its_version() {
+    let c = Cluster::start(Options::default()).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    for i in 0..3 {
+        let url = c.url(i);
+        let is_leader = http::metric(&url, "pubsub_raft_is_leader").await.expect("metric listed");
+        assert_eq!(is_leader, u64::from(i == leader), "node {i}");
+        let (_, info) = http::get_json(&format!("{url}/cluster")).await.unwrap();
+        let version = info["version"].as_str().expect("version in /cluster").to_string();
+        let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+        let line = format!("pubsub_build_info{{version=\"{version}\"}} 1");
+        assert!(text.lines().any(|l| l == line), "no {line} in /metrics of node {i}");
+    }
+}
+
 #[tokio::test]
 async fn metrics_list_every_topic_within_their_reserved_room() {
     use pubsub_node::metrics::Metrics;

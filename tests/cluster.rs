@@ -198,6 +198,39 @@ async fn a_whole_cluster_killed_after_purging_its_logs_keeps_everything() {
     kill_and_restart_everything(&mut c, "t", &acked).await;
 }
 
+/// A node whose data dir was lost (a disk replaced) started again, empty, under its `--id` and
+/// `--peers` while the other two keep a leader: it catches up, serves every message and takes
+/// the cluster's id, and the cluster goes on. Node 1 is the case that could go wrong: it
+/// initialized the cluster, and on an empty dir it initializes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_again_on_an_empty_data_dir_catches_up() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let mut acked = HashMap::new();
+    for i in 0..20 {
+        let id = format!("m{i}");
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
+    }
+    let cluster_id = wait_until("a cluster id", CONVERGE, || async {
+        c.cluster_info(1).await?["cluster_id"].as_str().map(String::from)
+    })
+    .await;
+    c.kill(0);
+    std::fs::remove_dir_all(&c.nodes[0].data_dir).expect("remove node-1's data dir");
+    c.restart(0);
+    for i in 20..30 {
+        let id = format!("m{i}");
+        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
+    }
+    assert_converged(&c, "t", &acked).await;
+    wait_until("node-1 holds the cluster's id", CONVERGE, || async {
+        (c.cluster_info(0).await?["cluster_id"].as_str()? == cluster_id).then_some(())
+    })
+    .await;
+    let seq = publish_retrying(&c.urls(), "t", "after", &json!(1), CONVERGE).await.expect("acked");
+    assert_eq!(seq, 31);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
     let mut c = Cluster::start(Options { snapshot_logs: Some(100), ..Default::default() }).await;

@@ -138,8 +138,9 @@ where
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
 
-    tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise,
-                   data_dir = %config.data_dir.display(), peers = ?config.peers, "pubsub-node started");
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), id = config.id, listen = %config.listen,
+                   advertise = %config.advertise, data_dir = %config.data_dir.display(), peers = ?config.peers,
+                   "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
     // change its log just the same.
     if config.peers.len() > 1 || !config.listen.ip().is_loopback() {

@@ -142,7 +142,16 @@ impl Default for Metrics {
         let last_applied = Gauge::<u64, AtomicU64>::default();
         registry.register("raft_last_applied", "Last applied log index", last_applied.clone());
         let is_leader = Gauge::default();
-        registry.register("raft_is_leader", "1 when this node is the leader", is_leader.clone());
+        registry.register(
+            "raft_is_leader",
+            "1 when this node leads and a quorum acknowledged it within two election timeouts (a leader cut off from its followers reports 0)",
+            is_leader.clone(),
+        );
+        registry.register(
+            "build",
+            "The pubsub-node version running",
+            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
         registry.register("topic_current_sequence", "Last sequence assigned, per topic", topic_sequence.clone());
         // 50 µs .. ~1.6 s: a healthy disk sits in the first few buckets.
@@ -267,7 +276,7 @@ impl Metrics {
             let m = m.borrow();
             self.raft_term.set(m.current_term);
             self.last_applied.set(m.last_applied.map(|l| l.index).unwrap_or(0));
-            self.is_leader.set(i64::from(m.current_leader == Some(app.id())));
+            self.is_leader.set(i64::from(app.leadership_in(&m) == crate::app::Leadership::Me));
             let last = m.last_log_index.unwrap_or(0);
             self.last_log_index.set(last);
             // Entries after the last purged one; with none purged, from index 0.
