@@ -704,7 +704,8 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
 /// ones), and its body stays within the room reserved for it in the metrics budget (one series
 /// per topic, names at their longest), a budget of its own: none of it in the read budget.
 /// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names; every node
-/// says which version it runs, in `/cluster` and as `pubsub_build_info`.
+/// says which version it runs, in `/cluster` and as `pubsub_build_info`, and how much room its
+/// data dir has left.
 #[tokio::test]
 async fn the_leader_alone_reports_itself_and_every_node_its_version() {
     let c = Cluster::start(Options::default()).await;
@@ -713,6 +714,8 @@ async fn the_leader_alone_reports_itself_and_every_node_its_version() {
         let url = c.url(i);
         let is_leader = http::metric(&url, "pubsub_raft_is_leader").await.expect("metric listed");
         assert_eq!(is_leader, u64::from(i == leader), "node {i}");
+        let room = http::metric(&url, "pubsub_data_dir_available_bytes").await.expect("metric listed");
+        assert!(room > 0, "node {i}");
         let (_, info) = http::get_json(&format!("{url}/cluster")).await.unwrap();
         let version = info["version"].as_str().expect("version in /cluster").to_string();
         let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();

@@ -34,7 +34,10 @@ pub enum ApiError {
     /// `presented` is `None` for a peer that knows no cluster id yet.
     #[error(
         "this node belongs to cluster {ours}, not {}: check the peer addresses",
-        presented.as_deref().unwrap_or("to one still forming (the peer presented no id)")
+        presented.as_deref().unwrap_or(
+            "to one still forming (the peer presented no id; a node of ours started on an empty data dir \
+             presents none until the leader's connection brings it the id)"
+        )
     )]
     WrongCluster { ours: String, presented: Option<String> },
     #[error("the write was not committed within {0} ms; it may still commit")]

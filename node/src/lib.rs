@@ -138,9 +138,13 @@ where
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
 
+    // What the data dir holds too: an empty one (no log, no cluster id) is a new node or a
+    // replaced disk.
+    let last_log_index = app.raft.metrics().borrow().last_log_index;
+    let cluster_id = app.reader.cluster_id();
     tracing::info!(version = env!("CARGO_PKG_VERSION"), id = config.id, listen = %config.listen,
                    advertise = %config.advertise, data_dir = %config.data_dir.display(), peers = ?config.peers,
-                   "pubsub-node started");
+                   last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
     // change its log just the same.
     if config.peers.len() > 1 || !config.listen.ip().is_loopback() {
@@ -272,7 +276,11 @@ async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
         config.peers.iter().map(|(id, addr)| (*id, Node { addr: addr.clone() })).collect();
     match raft.initialize(members).await {
         Ok(()) => {
-            tracing::info!(voters = ?config.peers, "initialized a new cluster");
+            tracing::info!(
+                voters = ?config.peers,
+                "initialized the cluster on an empty data dir: a new cluster, or, if it ran before (a \
+                 replaced disk), this node catches up from its leader"
+            );
             Ok(())
         }
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),

@@ -81,6 +81,7 @@ pub struct Metrics {
     last_log_index: Gauge<u64, AtomicU64>,
     log_entries: Gauge<u64, AtomicU64>,
     log_bytes: Gauge<u64, AtomicU64>,
+    data_dir_available_bytes: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
@@ -177,6 +178,12 @@ impl Default for Metrics {
             "Entries in this node's Raft log (purged only behind a snapshot)",
             log_entries.clone(),
         );
+        let data_dir_available_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "data_dir_available_bytes",
+            "Bytes still free for the node on its data dir's file system; a node whose log write fails for want of room stops",
+            data_dir_available_bytes.clone(),
+        );
         let log_bytes = Gauge::<u64, AtomicU64>::default();
         registry.register(
             "raft_log_bytes",
@@ -231,6 +238,7 @@ impl Default for Metrics {
             last_log_index,
             log_entries,
             log_bytes,
+            data_dir_available_bytes,
             follower_lag,
             table_file_bytes,
             read_pages_bytes,
@@ -289,6 +297,9 @@ impl Metrics {
         }
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.log_bytes.set(app.log_files.bytes());
+        if let Some(bytes) = available_bytes(&app.config.data_dir) {
+            self.data_dir_available_bytes.set(bytes);
+        }
         self.subscribers.set(app.subscription_count() as i64);
         let places_free = app.publishing_connections.available_permits();
         self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);
@@ -310,5 +321,29 @@ impl Metrics {
         self.topic_sequence.clear();
         self.follower_lag.clear();
         out
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `path` (`statvfs`:
+/// free blocks not reserved for root); `None` when it cannot be asked.
+fn available_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `path` is NUL-terminated and outlives the call; `stat` is a plain C struct
+    // that `statvfs` fills in, for which all zeroes is a valid value.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let asked = unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0;
+    asked.then(|| (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::available_bytes;
+
+    #[test]
+    fn the_data_dirs_file_system_says_how_much_room_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(available_bytes(dir.path()).is_some_and(|bytes| bytes > 0));
+        assert_eq!(available_bytes(&dir.path().join("missing")), None);
     }
 }
