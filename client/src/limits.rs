@@ -69,7 +69,8 @@ pub const REDIRECT_HOPS_MAX: u32 = 3;
 /// Consecutive failed reconnects after which a subscription gives up and ends with an error.
 /// With the capped backoff this is about a minute of a cluster that refuses connections; of
 /// nodes that answer nothing at all (cut off by a firewall that drops packets), each attempt
-/// also waits out its connect and handshake timeouts, and it takes up to about eight.
+/// also waits out its connect and handshake timeouts, and it takes up to about eight. Each
+/// failed attempt is an [`crate::Event::Reconnecting`] meanwhile.
 pub const RECONNECT_ATTEMPTS_MAX_DEFAULT: u32 = 30;
 
 /// Interval of WebSocket pings on an idle subscription; their pongs prove the node is alive.

@@ -93,6 +93,17 @@ pub enum Event {
         /// The most recorded cursors a topic may hold.
         recorded_cursors_max: u64,
     },
+    /// The connection dropped and an attempt to open a new one failed; the subscription tries
+    /// the next node after a backoff, until [`crate::ClientBuilder::reconnect_attempts_max`]
+    /// attempts fail in a row. Against nodes that answer nothing that may take minutes: this
+    /// says so while it goes on. Skipped, not waited for, when the application is behind on
+    /// the stream. The stream goes on.
+    Reconnecting {
+        /// Failed attempts so far, in a row.
+        attempts: u32,
+        /// Why the last one failed.
+        error: String,
+    },
 }
 
 /// Acknowledges messages of a [`Subscription`]; cheap to clone and usable from any task.
@@ -393,6 +404,14 @@ enum Refusal {
 }
 
 impl Refusal {
+    /// For people: the server's error, or the transport's.
+    fn describe(&self) -> String {
+        match self {
+            Refusal::Api(api) => api.to_string(),
+            Refusal::Transport { error, .. } => error.to_string(),
+        }
+    }
+
     fn into_error(self, attempts: u32, elapsed: Duration) -> Error {
         match self {
             Refusal::Api(api) => Error::Api(api),
@@ -587,6 +606,9 @@ impl Worker {
                 Err(refusal) => refusal,
             };
             tracing::debug!(?refusal, %node, "subscription reconnect failed");
+            // Information only: a full buffer (the application behind) drops it.
+            let error = format!("{node}: {}", refusal.describe());
+            let _ = self.events.try_send(Ok(Event::Reconnecting { attempts: self.failures, error }));
             if let Refusal::Api(api) = &refusal {
                 match api.code {
                     // A node that has not applied the create (or the messages we already

@@ -171,6 +171,13 @@ async fn print_events(
                         "recorded_cursors_max": recorded_cursors_max}))?;
                 }
             }
+            Some(Ok(Event::Reconnecting { attempts, error })) => {
+                output.note(&format!("reconnecting: attempt {attempts} failed ({error})"));
+                if output.json && show == Show::Full {
+                    output.json_line(&json!({"type": "reconnecting", "topic": sub.topic(), "attempts": attempts,
+                        "error": error}))?;
+                }
+            }
             Some(Ok(Event::TopicDeleted)) => {
                 output.note(&format!("topic {} was deleted", sub.topic()));
                 if output.json && show == Show::Full {

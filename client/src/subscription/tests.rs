@@ -227,9 +227,12 @@ async fn collect(mut sub: Subscription, ack: bool) -> Vec<Result<Event, Error>> 
     out
 }
 
+/// The events as short strings, without `Reconnecting` (how many attempts fail depends on
+/// timing; `reconnect_attempts_are_told_while_the_cluster_is_away` checks them).
 fn sequences(events: &[Result<Event, Error>]) -> Vec<String> {
     events
         .iter()
+        .filter(|e| !matches!(e, Ok(Event::Reconnecting { .. })))
         .map(|e| match e {
             Ok(Event::Message(m)) => m.sequence.to_string(),
             Ok(Event::TopicDeleted) => "deleted".into(),
@@ -238,6 +241,7 @@ fn sequences(events: &[Result<Event, Error>]) -> Vec<String> {
             Ok(Event::AcksNotRecorded { recorded_cursors_max }) => {
                 format!("acks not recorded ({recorded_cursors_max})")
             }
+            Ok(Event::Reconnecting { .. }) => unreachable!("filtered above"),
             Err(Error::SequenceGap { last_delivered, received, .. }) => format!("gap {last_delivered}->{received}"),
             Err(e) => format!("error {e}"),
         })
@@ -633,6 +637,43 @@ async fn a_subscription_whose_nodes_stop_serving_ends_with_an_unreachable_error(
     assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
     assert_eq!(events.len(), 2, "{:?}", sequences(&events));
     assert!(matches!(events.last(), Some(Err(e)) if e.is_unreachable()), "{:?}", sequences(&events));
+}
+
+/// While reconnects fail, the application hears of each failure (a subscription silent for
+/// the whole budget could spend minutes on nodes that answer nothing), then of the error that
+/// ends the stream.
+#[tokio::test]
+async fn reconnect_attempts_are_told_while_the_cluster_is_away() {
+    use axum::response::IntoResponse;
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = Router::new().route(
+        "/topics/{name}/subscribe",
+        get(move |ws: WebSocketUpgrade| async move {
+            if served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                return error_response(503, "unavailable", json!({}));
+            }
+            ws.on_upgrade(|mut socket| async move {
+                send(&mut socket, sub_frame(0)).await;
+                send(&mut socket, msg(1)).await;
+            })
+            .into_response()
+        }),
+    );
+    let client = fast_client(&[&serve(app).await]);
+    let events = collect(subscribe_from_start(&client).await, false).await;
+    let attempts: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(Event::Reconnecting { attempts, error }) => {
+                assert!(error.contains("unavailable"), "{error}");
+                Some(*attempts)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, vec![1, 2, 3, 4, 5], "fast_client's reconnect budget");
+    assert_eq!(sequences(&events).first().map(String::as_str), Some("1"));
+    assert!(matches!(events.last(), Some(Err(Error::Api(api))) if api.status == 503), "{:?}", sequences(&events));
 }
 
 #[tokio::test]
