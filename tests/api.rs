@@ -699,16 +699,14 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     assert_eq!(followers, 2, "the leader reports each follower's lag:\n{text}");
 }
 
-/// `/metrics` lists every topic in every scrape, also when scrapes run at once (each render
-/// fills and empties the per-topic series: two at once used to encode each other's half-filled
-/// ones), and its body stays within the room reserved for it in the metrics budget (one series
-/// per topic, names at their longest), a budget of its own: none of it in the read budget.
-/// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names; every node
-/// says which version it runs, in `/cluster` and as `pubsub_build_info`, and how much room its
-/// data dir has left.
+/// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names, and 0 on a
+/// leader cut off from both followers once it has gone two election timeouts without their
+/// acknowledgement (openraft's own view kept it the leader forever); every node says which
+/// build it runs, in `/cluster` and as `pubsub_build_info`, and how much room its data dir
+/// has left.
 #[tokio::test]
-async fn the_leader_alone_reports_itself_and_every_node_its_version() {
-    let c = Cluster::start(Options::default()).await;
+async fn the_leader_alone_reports_itself_and_every_node_its_build() {
+    let mut c = Cluster::start(Options::default()).await;
     let leader = c.wait_leader(Duration::from_secs(10)).await;
     for i in 0..3 {
         let url = c.url(i);
@@ -718,11 +716,26 @@ async fn the_leader_alone_reports_itself_and_every_node_its_version() {
         assert!(room > 0, "node {i}");
         let (_, info) = http::get_json(&format!("{url}/cluster")).await.unwrap();
         let version = info["version"].as_str().expect("version in /cluster").to_string();
+        let commit = info["commit"].as_str().expect("commit in /cluster").to_string();
+        assert!(!commit.is_empty(), "node {i}");
         let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
-        let line = format!("pubsub_build_info{{version=\"{version}\"}} 1");
+        let line = format!("pubsub_build_info{{version=\"{version}\",commit=\"{commit}\"}} 1");
         assert!(text.lines().any(|l| l == line), "no {line} in /metrics of node {i}");
     }
+    for follower in (0..3).filter(|&i| i != leader) {
+        c.kill(follower);
+    }
+    let l = c.url(leader);
+    wait_until("the cut-off leader no longer reports itself", Duration::from_secs(20), || async {
+        (http::metric(&l, "pubsub_raft_is_leader").await? == 0).then_some(())
+    })
+    .await;
 }
+
+/// `/metrics` lists every topic in every scrape, also when scrapes run at once (each render
+/// fills and empties the per-topic series: two at once used to encode each other's half-filled
+/// ones), and its body stays within the room reserved for it in the metrics budget (one series
+/// per topic, names at their longest), a budget of its own: none of it in the read budget.
 
 #[tokio::test]
 async fn metrics_list_every_topic_within_their_reserved_room() {

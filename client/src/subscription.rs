@@ -95,9 +95,11 @@ pub enum Event {
     },
     /// The connection dropped and an attempt to open a new one failed; the subscription tries
     /// the next node after a backoff, until [`crate::ClientBuilder::reconnect_attempts_max`]
-    /// attempts fail in a row. Against nodes that answer nothing that may take minutes: this
-    /// says so while it goes on. Skipped, not waited for, when the application is behind on
-    /// the stream. The stream goes on.
+    /// attempts fail in a row (the last one ends the stream with its error instead). Against
+    /// nodes that answer nothing that may take minutes: this says so while it goes on. A
+    /// connection that opens and drops before the node confirms the subscription counts as a
+    /// failed attempt too, without an event of its own. Skipped, not waited for, when the
+    /// application is behind on the stream. The stream goes on.
     Reconnecting {
         /// Failed attempts so far, in a row.
         attempts: u32,
@@ -606,9 +608,6 @@ impl Worker {
                 Err(refusal) => refusal,
             };
             tracing::debug!(?refusal, %node, "subscription reconnect failed");
-            // Information only: a full buffer (the application behind) drops it.
-            let error = format!("{node}: {}", refusal.describe());
-            let _ = self.events.try_send(Ok(Event::Reconnecting { attempts: self.failures, error }));
             if let Refusal::Api(api) = &refusal {
                 match api.code {
                     // A node that has not applied the create (or the messages we already
@@ -624,6 +623,11 @@ impl Worker {
                     _ if api.status >= 500 => {}
                     _ => return Err(refusal.into_error(self.failures, started.elapsed())),
                 }
+            }
+            if self.failures < config.reconnect_attempts_max {
+                // Information only: a full buffer (the application behind) drops it.
+                let error = format!("{node}: {}", refusal.describe());
+                let _ = self.events.try_send(Ok(Event::Reconnecting { attempts: self.failures, error }));
             }
             last = Some(refusal);
         }

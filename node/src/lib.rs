@@ -100,6 +100,9 @@ where
         Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
+    // What the data dir held, before a first start writes to it: an empty one (no log, no
+    // cluster id) is a new node or a replaced disk.
+    let last_log_index = raft.metrics().borrow().last_log_index;
     if let Err(e) = bootstrap(&config, &raft).await {
         // Nothing was served: stop the core, which closes the stores it owns, and say why.
         let _ = raft.shutdown().await;
@@ -138,11 +141,8 @@ where
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
 
-    // What the data dir holds too: an empty one (no log, no cluster id) is a new node or a
-    // replaced disk.
-    let last_log_index = app.raft.metrics().borrow().last_log_index;
     let cluster_id = app.reader.cluster_id();
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), id = config.id, listen = %config.listen,
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), commit = env!("PUBSUB_COMMIT"), id = config.id, listen = %config.listen,
                    advertise = %config.advertise, data_dir = %config.data_dir.display(), peers = ?config.peers,
                    last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would

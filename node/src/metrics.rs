@@ -150,8 +150,11 @@ impl Default for Metrics {
         );
         registry.register(
             "build",
-            "The pubsub-node version running",
-            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+            "The pubsub-node version and the git commit it was built from",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", env!("PUBSUB_COMMIT")),
+            ]),
         );
         let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
         registry.register("topic_current_sequence", "Last sequence assigned, per topic", topic_sequence.clone());

@@ -46,13 +46,15 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     Json(json!({
         "node_id": format!("node-{}", app.id()),
         "version": env!("CARGO_PKG_VERSION"),
+        "commit": env!("PUBSUB_COMMIT"),
         "cluster_id": app.reader.cluster_id(),
         "leader_id": leader_id.map(|id| format!("node-{id}")),
         "leader_address": leader_address,
         "peers": peers.into_iter().map(|(id, addr)| app.client_address(id, &addr)).collect::<Vec<_>>(),
         "raft_term": m.current_term,
         // The vote as saved on disk (`raft_term` is the one in memory, which may be ahead of
-        // it for a moment): in openraft's mode it only ever goes up, restarts included.
+        // it for a moment): in openraft's mode it only ever goes up, restarts included (a
+        // data dir lost and started again empty starts over).
         "raft_vote": {
             "term": m.vote.leader_id.term,
             "node_id": format!("node-{}", m.vote.leader_id.node_id),
