@@ -24,6 +24,16 @@ async fn create_topic(c: &Cluster, topic: &str) {
     assert!(r.status == 201 || r.status == 200, "{r:?}");
 }
 
+/// Publishes `{prefix}{i}` (payload `i`) to topic `t` for each `i` in `range`, each until
+/// acknowledged, and records its sequence in `acked`.
+async fn publish_each(c: &Cluster, prefix: &str, range: std::ops::Range<u64>, acked: &mut HashMap<String, u64>) {
+    for i in range {
+        let id = format!("{prefix}{i}");
+        let sequence = publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked");
+        acked.insert(id, sequence);
+    }
+}
+
 /// A running publish load.
 struct Load {
     /// Every acknowledged publish: id → sequence.
@@ -141,18 +151,12 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
     let mut c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
     let mut acked = HashMap::new();
-    for i in 0..30 {
-        let id = format!("m{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
-    }
+    publish_each(&c, "m", 0..30, &mut acked).await;
     // One follower restarts (SIGTERM: clean exit code 0).
     let follower = (c.wait_leader(CONVERGE).await + 1) % 3;
     assert_eq!(c.terminate(follower), Some(0));
     c.restart(follower);
-    for i in 30..40 {
-        let id = format!("m{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
-    }
+    publish_each(&c, "m", 30..40, &mut acked).await;
     assert_converged(&c, "t", &acked).await;
 
     // The whole cluster, killed without warning.
@@ -189,11 +193,8 @@ async fn a_whole_cluster_killed_after_purging_its_logs_keeps_everything() {
     // the logs are read once every 50 publishes.
     while !logs.iter().all(|log| std::fs::read_to_string(log).is_ok_and(|text| text.contains("purged log"))) {
         assert!(n < 5_000, "no purge on every node after {n} publishes");
-        for _ in 0..50 {
-            let id = format!("m{n}");
-            acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(n), CONVERGE).await.expect("acked"));
-            n += 1;
-        }
+        publish_each(&c, "m", n..n + 50, &mut acked).await;
+        n += 50;
     }
     kill_and_restart_everything(&mut c, "t", &acked).await;
 }
@@ -207,10 +208,7 @@ async fn a_node_started_again_on_an_empty_data_dir_catches_up() {
     let mut c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
     let mut acked = HashMap::new();
-    for i in 0..20 {
-        let id = format!("m{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
-    }
+    publish_each(&c, "m", 0..20, &mut acked).await;
     let cluster_id = wait_until("a cluster id", CONVERGE, || async {
         c.cluster_info(1).await?["cluster_id"].as_str().map(String::from)
     })
@@ -222,10 +220,7 @@ async fn a_node_started_again_on_an_empty_data_dir_catches_up() {
     c.wait_leader(CONVERGE).await;
     tokio::time::sleep(Duration::from_millis(Options::default().election_timeout_ms)).await;
     c.restart(0);
-    for i in 20..30 {
-        let id = format!("m{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
-    }
+    publish_each(&c, "m", 20..30, &mut acked).await;
     assert_converged(&c, "t", &acked).await;
     wait_until("node-1 holds the cluster's id", CONVERGE, || async {
         (c.cluster_info(0).await?["cluster_id"].as_str()? == cluster_id).then_some(())
@@ -250,10 +245,7 @@ async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
         for res in r.body["results"].as_array().unwrap() {
             acked.insert(res["id"].as_str().unwrap().to_string(), res["sequence"].as_u64().unwrap());
         }
-        for i in 0..10 {
-            let id = format!("s{b}-{i}");
-            acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.expect("acked"));
-        }
+        publish_each(&c, &format!("s{b}-"), 0..10, &mut acked).await;
     }
     // Snapshots are built (and the log purged) in the background: only once the leader has
     // purged entries the follower lacks must it catch up by snapshot.
@@ -284,15 +276,9 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
 
     let mut acked = HashMap::new();
-    for i in 0..10 {
-        let id = format!("a{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.unwrap());
-    }
+    publish_each(&c, "a", 0..10, &mut acked).await;
     c.kill(leader);
-    for i in 0..10 {
-        let id = format!("b{i}");
-        acked.insert(id.clone(), publish_retrying(&c.urls(), "t", &id, &json!(i), CONVERGE).await.unwrap());
-    }
+    publish_each(&c, "b", 0..10, &mut acked).await;
     let mut sequences = Vec::new();
     let mut saw_leader_change = false;
     while sequences.len() < 20 {

@@ -37,6 +37,12 @@ impl ByteBudget {
         self.permits.clone().try_acquire_many_owned(weight).ok()
     }
 
+    /// Whether anything besides this handle refers to the budget: another clone, or a permit
+    /// taken from it (which keeps the semaphore alive too).
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.permits) > 1
+    }
+
     /// Bytes taken and not yet given back.
     pub fn held(&self) -> usize {
         self.max - self.permits.available_permits()
@@ -152,7 +158,7 @@ pub struct PerClientBudgets {
     budgets: Mutex<HashMap<IpAddr, ByteBudget>>,
 }
 
-/// Clients tracked before those that hold nothing are forgotten.
+/// Clients tracked before those whose budget nothing refers to are forgotten.
 const CLIENTS_TRACKED_BEFORE_PRUNING: usize = 1024;
 
 impl PerClientBudgets {
@@ -167,8 +173,9 @@ impl PerClientBudgets {
             return budget.clone();
         }
         if budgets.len() >= CLIENTS_TRACKED_BEFORE_PRUNING {
-            // A budget nobody holds from is as good as a new one.
-            budgets.retain(|_, budget| budget.held() > 0);
+            // A budget that nothing else refers to (no permit taken from it, no clone kept by a
+            // connection) is as good as a new one.
+            budgets.retain(|_, budget| budget.in_use());
         }
         budgets.entry(ip).or_insert_with(|| ByteBudget::new(self.max)).clone()
     }
@@ -236,13 +243,16 @@ mod tests {
         // The same client waits; another does not.
         assert!(tokio::time::timeout(std::time::Duration::from_millis(20), clients.of(a).take(1)).await.is_err());
         drop(clients.of(b).take(10).await);
+        // Kept by a connection, holding nothing right now.
+        let kept = clients.of("10.0.0.3".parse().unwrap());
         for i in 0..CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
             drop(clients.of(IpAddr::from(i.to_be_bytes())).take(1).await);
         }
         let tracked = clients.budgets.lock().unwrap().len();
         assert!(tracked < CLIENTS_TRACKED_BEFORE_PRUNING, "{tracked} clients tracked");
-        // Pruning kept the budget still held from.
+        // Pruning kept the budget still held from, and the one still kept.
         assert_eq!(clients.of(a).held(), 10);
+        assert!(Arc::ptr_eq(&clients.of("10.0.0.3".parse().unwrap()).permits, &kept.permits));
         drop(held);
         assert_eq!(clients.of(a).held(), 0);
     }

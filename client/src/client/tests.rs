@@ -427,15 +427,28 @@ async fn a_publish_whose_answer_was_lost_stays_indeterminate_whatever_fails_afte
     }
 }
 
-/// A node serving `GET /topics/t/messages` with `answer`, counting the reads in `hits`.
-async fn reading_node(hits: Seen, answer: fn() -> Response) -> String {
-    serve(Router::new().route(
+/// The route `GET /topics/{name}/messages` answering `answer`, counting the reads in `hits`.
+fn reads(hits: Seen, answer: fn() -> Response) -> Router {
+    Router::new().route(
         "/topics/{name}/messages",
         get(move || async move {
             record(&hits, b"null");
             answer()
         }),
-    ))
+    )
+}
+
+/// A node serving [`reads`].
+async fn reading_node(hits: Seen, answer: fn() -> Response) -> String {
+    serve(reads(hits, answer)).await
+}
+
+/// A node serving [`reads`] whose `/cluster` names it the leader.
+async fn leading_reader(hits: Seen, answer: fn() -> Response) -> String {
+    serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        reads(hits, answer).route("/cluster", get(move || async move { Json(cluster) }))
+    })
     .await
 }
 
@@ -503,20 +516,7 @@ async fn a_read_refused_by_a_node_behind_goes_to_the_next_node() {
 #[tokio::test]
 async fn a_refusal_of_the_leader_or_after_a_long_poll_is_final() {
     let (leader_hits, other_hits) = (seen(), seen());
-    let leader = {
-        let hits = leader_hits.clone();
-        serve_with(move |me| {
-            let cluster = cluster_body("node-1", Some(&me), &[&me]);
-            Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
-                "/topics/{name}/messages",
-                get(move || async move {
-                    record(&hits, b"null");
-                    error_response(404, "topic_not_found", json!({}))
-                }),
-            )
-        })
-        .await
-    };
+    let leader = leading_reader(leader_hits.clone(), || error_response(404, "topic_not_found", json!({}))).await;
     let other = reading_node(other_hits.clone(), a_page).await;
     let client = fast_client(&[&leader, &other]);
     assert!(client.cluster().await.is_ok(), "the leader is cached");

@@ -195,6 +195,8 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
     // reading waits.
     let permits = Arc::new(Semaphore::new(PUBLISH_WS_INFLIGHT_MAX));
     let inflight_bytes = ByteBudget::new(PUBLISH_WS_INFLIGHT_BYTES_MAX);
+    // Kept for the connection's life: a share still referred to is never forgotten.
+    let client_bodies = client.map(|ip| app.client_request_bodies.of(ip));
     let (groups, to_propose) = mpsc::channel::<Group>(PUBLISH_WS_INFLIGHT_MAX);
     tokio::spawn(propose_in_order(app.clone(), topic.clone(), to_propose, tx.clone()));
     let mut open = true;
@@ -270,8 +272,6 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
         let room = async {
             let count = permits.clone().acquire_many_owned(frames).await;
             let connection_bytes = inflight_bytes.take(bytes).await;
-            // Looked up for each group: a share that holds nothing may be forgotten meanwhile.
-            let client_bodies = client.map(|ip| app.client_request_bodies.of(ip));
             let node_bytes = Room::take(&app.request_bodies, client_bodies.as_ref(), bytes, None).await;
             (count, connection_bytes, node_bytes.expect("a wait without a deadline ends with room"))
         };
