@@ -820,7 +820,8 @@ async fn a_node_raises_its_open_files_limit_to_the_hard_one() {
     let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("an open-files line");
     let values: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
     let (soft, hard) = (values[0], values[1]);
-    let expected = if hard == "unlimited" { (1u64 << 20).to_string() } else { hard.to_string() };
+    let expected =
+        if hard == "unlimited" { pubsub_node::limits::OPEN_FILES_UNLIMITED_CAP.to_string() } else { hard.to_string() };
     assert_eq!(soft, expected, "{line}");
     assert_ne!(soft, "256", "{line}");
 }

@@ -133,13 +133,8 @@ impl ApiError {
         matches!(self, Self::RaftTimeout(_) | Self::NotCommitted(_))
     }
 
-    /// The error body with the message `id` at the top level and in `details`.
-    pub fn body_naming_id(&self, id: &str) -> Value {
-        self.body_naming("id", json!(id))
-    }
-
     /// The error body with `key: value` at the top level and in `details`.
-    fn body_naming(&self, key: &str, value: Value) -> Value {
+    pub(crate) fn body_naming(&self, key: &str, value: Value) -> Value {
         let mut body = self.body();
         body["details"][key] = value.clone();
         body[key] = value;

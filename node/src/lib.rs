@@ -17,6 +17,11 @@
 //! [`run`] is the whole node: it takes the listener, the environment and the shutdown signal,
 //! so tests bind port 0 and the simulation passes turmoil's sockets.
 
+/// The crate version this node runs.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit it was built from (`build.rs`; `unknown` without git).
+pub const COMMIT: &str = env!("PUBSUB_COMMIT");
+
 pub mod api;
 pub mod app;
 pub mod budget;
@@ -142,7 +147,7 @@ where
     tokio::spawn(count_leader_changes(app.clone()));
 
     let cluster_id = app.reader.cluster_id();
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), commit = env!("PUBSUB_COMMIT"), id = config.id, listen = %config.listen,
+    tracing::info!(version = VERSION, commit = COMMIT, id = config.id, listen = %config.listen,
                    advertise = %config.advertise, data_dir = %config.data_dir.display(), peers = ?config.peers,
                    last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would

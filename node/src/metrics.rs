@@ -151,10 +151,7 @@ impl Default for Metrics {
         registry.register(
             "build",
             "The pubsub-node version and the git commit it was built from",
-            prometheus_client::metrics::info::Info::new(vec![
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("commit", env!("PUBSUB_COMMIT")),
-            ]),
+            prometheus_client::metrics::info::Info::new(vec![("version", crate::VERSION), ("commit", crate::COMMIT)]),
         );
         let topic_sequence = Family::<TopicLabel, Gauge<u64, AtomicU64>>::default();
         registry.register("topic_current_sequence", "Last sequence assigned, per topic", topic_sequence.clone());
@@ -300,7 +297,7 @@ impl Metrics {
         }
         self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
         self.log_bytes.set(app.log_files.bytes());
-        if let Some(bytes) = available_bytes(&app.config.data_dir) {
+        if let Some(bytes) = raft_store::available_bytes(&app.config.data_dir) {
             self.data_dir_available_bytes.set(bytes);
         }
         self.subscribers.set(app.subscription_count() as i64);
@@ -327,21 +324,9 @@ impl Metrics {
     }
 }
 
-/// Bytes an unprivileged writer may still use on the file system holding `path` (`statvfs`:
-/// free blocks not reserved for root); `None` when it cannot be asked.
-fn available_bytes(path: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `path` is NUL-terminated and outlives the call; `stat` is a plain C struct
-    // that `statvfs` fills in, for which all zeroes is a valid value.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    let asked = unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0;
-    asked.then(|| (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::available_bytes;
+    use raft_store::available_bytes;
 
     #[test]
     fn the_data_dirs_file_system_says_how_much_room_is_left() {

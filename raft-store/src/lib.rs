@@ -41,6 +41,7 @@ pub use error::StoreError;
 pub use feeds::{Feeds, TopicSignal, TopicWatch};
 pub use log_store::{FsyncObserver, IoMode, LogFiles, LogStore};
 pub use reader::{StoreReader, StoredMessage};
+pub use segments::available_bytes;
 pub use state_machine::StateMachine;
 pub use typ::{Node, NodeId, TypeConfig};
 

@@ -708,14 +708,18 @@ fn new_segment_file(path: &Path) -> Result<(File, u32), StoreError> {
 /// Whether the file system holding `dir` has room for spares: [`SPARE_FREE_BYTES_MIN`] free
 /// for the log's own growth and everything else on the disk. Unknown counts as no.
 fn disk_has_room_for_spares(dir: &Path) -> bool {
+    available_bytes(dir).is_some_and(|bytes| bytes >= SPARE_FREE_BYTES_MIN)
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `path` (`statvfs`:
+/// free blocks not reserved for root); `None` when it cannot be asked.
+pub fn available_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: `path` is a valid C string and `stats` a zeroed struct statvfs the call fills.
     let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
-        return false;
-    }
-    (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64) >= SPARE_FREE_BYTES_MIN
+    let asked = unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0;
+    asked.then(|| (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
 }
 
 /// The file in `dir` of the segment starting at `first`, with `suffix`: name order is log order.

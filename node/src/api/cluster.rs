@@ -45,8 +45,8 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     peers.sort();
     Json(json!({
         "node_id": format!("node-{}", app.id()),
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": env!("PUBSUB_COMMIT"),
+        "version": crate::VERSION,
+        "commit": crate::COMMIT,
         "cluster_id": app.reader.cluster_id(),
         "leader_id": leader_id.map(|id| format!("node-{id}")),
         "leader_address": leader_address,

@@ -514,7 +514,8 @@ fn answer_group(out: &mut [String], accepted: &[Accepted], outcome: Result<(Vec<
         // may have generated), as an HTTP publish's does.
         Err(e) if e.may_still_commit() => {
             for a in accepted {
-                out[a.at] = frame_with_body(a.reference.as_deref(), &e.body_naming_id(&a.id).to_string());
+                out[a.at] =
+                    frame_with_body(a.reference.as_deref(), &e.body_naming("id", serde_json::json!(a.id)).to_string());
             }
         }
         Err(e) => {
