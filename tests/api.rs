@@ -1400,3 +1400,85 @@ async fn an_ack_past_the_end_records_the_end_as_it_arrived() {
     let listed = wait_acked(&l, "capped", "s", 2).await;
     assert_eq!(listed["lag"], 3);
 }
+
+/// Bytes a test leaves free on each side of a node's reserve when it fills the disk: other
+/// tests writing meanwhile must not cross it either way.
+const DISK_MARGIN_BYTES: u64 = 3 << 30;
+
+/// Allocates `bytes` of disk for a file at `path`; false where the file system cannot.
+fn allocate(path: &std::path::Path, bytes: u64) -> bool {
+    let made = std::process::Command::new("fallocate").args(["-l", &bytes.to_string()]).arg(path).status();
+    made.is_ok_and(|status| status.success())
+}
+
+/// A data dir short of its reserve (`--min-free-bytes`) refuses publishes (single, batch, on a
+/// publishing WebSocket) and topic creations with `507 insufficient_storage`, storing nothing,
+/// while reads, deletes and the node itself go on; once the disk has room again publishes are
+/// taken, at the next sequence. The disk is filled for real, by a file allocated beside the
+/// data dir (where it has less than four margins free, or cannot allocate a file, the reserve
+/// is set past the free space instead and the refusal of a topic creation alone is checked).
+#[tokio::test]
+async fn a_node_short_of_disk_refuses_growing_writes_with_507_until_it_has_room() {
+    let available = raft_store::available_bytes(&std::env::temp_dir()).expect("statvfs of the temp dir");
+    let probe = std::env::temp_dir().join(format!("pubsub-fallocate-probe-{}", std::process::id()));
+    let fill = available >= 4 * DISK_MARGIN_BYTES && allocate(&probe, 4096);
+    let _ = std::fs::remove_file(&probe);
+    let reserve = if fill { available - DISK_MARGIN_BYTES } else { u64::MAX / 2 };
+    let args = vec!["--min-free-bytes".into(), reserve.to_string()];
+    let c = Cluster::start(Options { nodes: 1, extra_args: args, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    assert_eq!(http::metric(&l, "pubsub_data_dir_min_free_bytes").await, Some(reserve));
+    let refused_for_room = |reply: &http::Reply| {
+        let details = &reply.body["details"];
+        reply.status == 507
+            && is_error_body(&reply.body, "insufficient_storage")
+            && details["min_free_bytes"] == reserve
+            && details["needed_bytes"].as_u64().is_some_and(|needed| needed >= reserve)
+            && details["available_bytes"].as_u64() < details["needed_bytes"].as_u64()
+    };
+    if !fill {
+        eprintln!("{available} bytes free, or no fallocate: the reserve is set past the free space instead");
+        let create = post_raw(&format!("{l}/topics/disk"), "").await.unwrap();
+        assert!(refused_for_room(&create), "{:?}", create.body);
+        return;
+    }
+    assert_eq!(post_raw(&format!("{l}/topics/disk"), "").await.unwrap().status, 201);
+    assert_eq!(post_raw(&format!("{l}/topics/doomed"), "").await.unwrap().status, 201);
+    let (url, body) = (format!("{l}/topics/disk/messages"), json!({"payload": 1}));
+    let publish = || post(&url, &body);
+    assert_eq!(publish().await.unwrap().status, 201);
+    let ballast = c.nodes[0].data_dir.parent().expect("the cluster's temp dir").join("ballast");
+    assert!(allocate(&ballast, 2 * DISK_MARGIN_BYTES), "fallocate at {}", ballast.display());
+
+    // The node reads its free space at most every 100 ms: publishes may be taken until then.
+    let stored = std::cell::Cell::new(1);
+    let refused = wait_until("a publish refused for want of disk", Duration::from_secs(10), || async {
+        let reply = publish().await.unwrap();
+        stored.set(stored.get() + u64::from(reply.status == 201));
+        (reply.status != 201).then_some(reply)
+    })
+    .await;
+    let stored = stored.get();
+    assert!(refused_for_room(&refused), "{:?}", refused.body);
+    let batch = post(&format!("{l}/topics/disk/messages/batch"), &json!({"messages": [{"payload": 2}]})).await.unwrap();
+    assert!(refused_for_room(&batch), "{:?}", batch.body);
+    let create = post_raw(&format!("{l}/topics/another"), "").await.unwrap();
+    assert!(refused_for_room(&create), "{:?}", create.body);
+    let mut ws = ws_connect(&l, "/topics/disk/publish").await;
+    ws.send(Message::Text(json!({"type": "publish", "ref": 1, "payload": 3}).to_string().into())).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!((answer["type"].as_str(), answer["error"].as_str()), (Some("error"), Some("insufficient_storage")));
+    // What shrinks the data still runs, and reads are served.
+    assert_eq!(delete(&format!("{l}/topics/doomed")).await.unwrap().status, 200);
+    let (status, topic) = http::get_json(&format!("{l}/topics/disk")).await.unwrap();
+    assert_eq!((status, topic["current_sequence"].as_u64()), (200, Some(stored)), "{topic}");
+
+    std::fs::remove_file(&ballast).expect("ballast removed");
+    let taken = wait_until("a publish taken once the disk has room", Duration::from_secs(30), || async {
+        let reply = publish().await.unwrap();
+        (reply.status != 507).then_some(reply)
+    })
+    .await;
+    // Nothing refused took a sequence.
+    assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
+}

@@ -258,6 +258,8 @@ async fn a_follower_that_missed_many_entries_catches_up_by_snapshot() {
     assert_converged(&c, "t", &acked).await;
     let log = std::fs::read_to_string(c.dir().join(format!("node-{}.log", follower + 1))).unwrap();
     assert!(log.contains("installed snapshot"), "the follower caught up without a snapshot:\n{log}");
+    let snapshot_index = pubsub_tests::http::metric(&c.url(follower), "pubsub_raft_snapshot_index").await;
+    assert!(snapshot_index.is_some_and(|index| index > 0), "{snapshot_index:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

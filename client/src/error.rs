@@ -50,6 +50,9 @@ pub enum ErrorCode {
     NotFound,
     /// `405`: a method the route does not take.
     MethodNotAllowed,
+    /// `507`: the leader's data dir is below its free-space reserve (`--min-free-bytes`);
+    /// nothing was stored. Not retried: it lasts until an operator makes room.
+    InsufficientStorage,
     /// `500`: a storage or internal failure, logged on the node.
     Internal,
     /// A code this client does not know, or `http_<status>` when the body had none
@@ -79,6 +82,7 @@ impl ErrorCode {
             "not_ready" => ErrorCode::NotReady,
             "not_found" => ErrorCode::NotFound,
             "method_not_allowed" => ErrorCode::MethodNotAllowed,
+            "insufficient_storage" => ErrorCode::InsufficientStorage,
             "internal" => ErrorCode::Internal,
             other => ErrorCode::Other(other.to_string()),
         }
@@ -105,6 +109,7 @@ impl ErrorCode {
             ErrorCode::NotReady => "not_ready",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Internal => "internal",
             ErrorCode::Other(other) => other,
         }
@@ -129,6 +134,7 @@ impl ErrorCode {
             ErrorCode::Unavailable | ErrorCode::NotReady => 503,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::InsufficientStorage => 507,
         }
     }
 }
@@ -294,7 +300,8 @@ pub enum Error {
     /// A write ended after an attempt that may have taken effect on the server: its answer was
     /// lost, or the cluster could not confirm it (`504`, `500 not_committed`), and later
     /// attempts got no final answer, or a refusal that speaks for them alone; or the server
-    /// failed it (a `5xx` it does not retry, such as `500 internal`), which may come after
+    /// failed it (a `5xx` it does not retry, such as `500 internal`; not `507
+    /// insufficient_storage`, refused before anything was done), which may come after
     /// the write was done. A publish may be stored. Publishing again with
     /// the same `id` is safe: the server deduplicates it (a `409` with its `existing_sequence`
     /// says it was stored). `source` is the last attempt's failure.
@@ -396,6 +403,7 @@ mod tests {
             "not_ready",
             "not_found",
             "method_not_allowed",
+            "insufficient_storage",
             "internal",
         ] {
             let parsed = ErrorCode::parse(code);
@@ -423,6 +431,7 @@ mod tests {
             ("request_timeout", 408),
             ("wrong_cluster", 403),
             ("internal", 500),
+            ("insufficient_storage", 507),
             ("brand_new", 500),
         ] {
             assert_eq!(ErrorCode::parse(code).http_status(), status, "{code}");

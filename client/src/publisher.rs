@@ -335,6 +335,7 @@ fn may_have_been_stored(error: &ApiError) -> bool {
         | ErrorCode::InvalidRequest
         | ErrorCode::InvalidTopicName
         | ErrorCode::PayloadTooLarge
+        | ErrorCode::InsufficientStorage
         | ErrorCode::Unauthorized => false,
         // A null `existing_sequence`: the first publish of this id is still in flight on the
         // leader and may yet fail (API.md §7), so the message may or may not end up stored.

@@ -78,6 +78,9 @@ pub struct App {
     /// Raft requests received and not yet answered, in bytes (see
     /// [`crate::limits::RAFT_INBOUND_BYTES_MAX`]).
     pub raft_inbound: crate::budget::ByteBudget,
+    /// The data dir's free space against its reserve (`--min-free-bytes`): checked by the
+    /// writes that make the data grow.
+    pub disk_room: crate::disk_room::DiskRoom,
 }
 
 /// A write in the proposer's queue ([`App::queue_write`]), to be awaited with

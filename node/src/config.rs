@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::limits::{
-    ELECTION_TIMEOUT_MS_DEFAULT, ELECTION_TIMEOUT_MS_MAX, HEARTBEAT_MS_DEFAULT, SNAPSHOT_LOGS_DEFAULT,
+    ELECTION_TIMEOUT_MS_DEFAULT, ELECTION_TIMEOUT_MS_MAX, HEARTBEAT_MS_DEFAULT, MIN_FREE_BYTES_DEFAULT,
+    SNAPSHOT_LOGS_DEFAULT,
 };
 
 /// `pubsub-node`: one node of a Raft-replicated pub/sub cluster. With no flags it is a
@@ -59,6 +60,12 @@ pub struct Flags {
     /// Build a snapshot (letting the log be purged) every this many log entries.
     #[arg(long, env = "PUBSUB_SNAPSHOT_LOGS", default_value_t = SNAPSHOT_LOGS_DEFAULT)]
     pub snapshot_logs: u64,
+
+    /// Bytes the data dir keeps free: while the leader's has less available, publishes and
+    /// topic creations are refused with 507 insufficient_storage (deletes, acks and
+    /// retention still run). 0 turns the check off.
+    #[arg(long, env = "PUBSUB_MIN_FREE_BYTES", default_value_t = MIN_FREE_BYTES_DEFAULT)]
+    pub min_free_bytes: u64,
 }
 
 /// A validated configuration.
@@ -76,6 +83,8 @@ pub struct Config {
     pub heartbeat_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_logs: u64,
+    /// Bytes the data dir keeps available (`--min-free-bytes`; 0: not checked).
+    pub min_free_bytes: u64,
     /// How log appends are fsynced (a syncer thread in production; inline in the simulation).
     pub io_mode: raft_store::IoMode,
 }
@@ -181,6 +190,7 @@ impl Config {
             heartbeat_ms: flags.heartbeat_ms,
             election_timeout_ms: flags.election_timeout_ms,
             snapshot_logs: flags.snapshot_logs,
+            min_free_bytes: flags.min_free_bytes,
             io_mode: raft_store::IoMode::Background,
         })
     }

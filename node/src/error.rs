@@ -54,6 +54,14 @@ pub enum ApiError {
     Unavailable(String),
     #[error("{0}")]
     NotReady(String),
+    /// The leader's data dir has less room than it keeps free (`--min-free-bytes` plus its
+    /// newest snapshot's size); nothing was proposed.
+    #[error(
+        "this node's data dir has {available} bytes available, less than the {needed} it keeps free \
+         (--min-free-bytes {reserve}, plus the size of its newest snapshot, which the next one needs again): \
+         nothing was stored; writes are taken again once the disk has room"
+    )]
+    InsufficientStorage { available: u64, needed: u64, reserve: u64 },
     #[error("internal error: {0}")]
     Internal(String),
     /// `cause`, a failure after which a publish may still commit, naming the message's id
@@ -86,6 +94,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            Self::InsufficientStorage { .. } => (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -118,6 +127,10 @@ impl ApiError {
             }
             Self::CursorNotFound { topic, subscriber_id } => {
                 body["details"] = json!({"topic": topic, "subscriber_id": subscriber_id})
+            }
+            Self::InsufficientStorage { available, needed, reserve } => {
+                body["details"] =
+                    json!({"available_bytes": available, "needed_bytes": needed, "min_free_bytes": reserve})
             }
             _ => {}
         }

@@ -26,6 +26,7 @@ pub mod api;
 pub mod app;
 pub mod budget;
 pub mod config;
+pub mod disk_room;
 pub mod error;
 pub mod io_deadline;
 pub mod limits;
@@ -140,6 +141,7 @@ where
         metrics_bodies: budget::ByteBudget::new(limits::METRICS_BODIES_BYTES_MAX),
         client_metrics_bodies: budget::PerClientBudgets::new(limits::METRICS_BODIES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
+        disk_room: disk_room::DiskRoom::new(config.data_dir.clone(), config.min_free_bytes),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
@@ -148,7 +150,8 @@ where
 
     let cluster_id = app.reader.cluster_id();
     tracing::info!(version = VERSION, commit = COMMIT, id = config.id, listen = %config.listen,
-                   advertise = %config.advertise, data_dir = %config.data_dir.display(), peers = ?config.peers,
+                   advertise = %config.advertise, data_dir = %config.data_dir.display(),
+                   min_free_bytes = config.min_free_bytes, peers = ?config.peers,
                    last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
     // change its log just the same.

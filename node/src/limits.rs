@@ -355,6 +355,20 @@ pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
 pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Build a snapshot (and let the log be purged) after this many entries.
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 100_000;
+/// Bytes the data dir keeps available (`--min-free-bytes`), besides its newest snapshot's
+/// size: below it the leader refuses publishes and topic creations (507). What is still
+/// written once they are refused fits in it: the writes already admitted (up to the
+/// proposer's 256 MiB and `ack=appended`'s 64 MiB, each in the log and then in RocksDB),
+/// a new log segment (64 MiB) and its spares, RocksDB's flushes and compactions, acks and
+/// deletes.
+pub const MIN_FREE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
+/// Once writes are refused for want of room they resume only with this much more than the
+/// line, so that a disk hovering at it does not flip at every reading.
+pub const DISK_ROOM_RESUME_MARGIN_BYTES: u64 = 64 * 1024 * 1024;
+/// How old the data dir's free space may be when a write is checked against the reserve:
+/// even at the fastest rate measured here (some 150 MB/s written per node, batches) a tenth
+/// of a second is a small part of the reserve, and a `statvfs` per write is not needed.
+pub const DISK_ROOM_RECHECK: Duration = Duration::from_millis(100);
 /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
 /// from the log instead of a snapshot.
 pub const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 10_000;
@@ -387,6 +401,8 @@ const _: () = {
     assert!(WRITE_STALL_TIMEOUT.as_millis() > PUBLISH_WS_SEND_TIMEOUT.as_millis());
     assert!(WRITE_STALL_TIMEOUT.as_millis() > PEER_STALL_TIMEOUT.as_millis());
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
+    // The writes admitted before a refusal land twice (the log, then RocksDB) within the reserve.
+    assert!(MIN_FREE_BYTES_DEFAULT as usize > 2 * (PROPOSAL_QUEUE_BYTES_MAX + APPENDED_BYTES_MAX));
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
     // A request that holds room while the node works never outlasts the wait for it (but a
     // snapshot's last chunk, which waits for the install: one request, 4 MiB).

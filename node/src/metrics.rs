@@ -80,8 +80,10 @@ pub struct Metrics {
     log_io: LogIoMetrics,
     last_log_index: Gauge<u64, AtomicU64>,
     log_entries: Gauge<u64, AtomicU64>,
+    snapshot_index: Gauge<u64, AtomicU64>,
     log_bytes: Gauge<u64, AtomicU64>,
     data_dir_available_bytes: Gauge<u64, AtomicU64>,
+    data_dir_min_free_bytes: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
@@ -178,11 +180,23 @@ impl Default for Metrics {
             "Entries in this node's Raft log (purged only behind a snapshot)",
             log_entries.clone(),
         );
+        let snapshot_index = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "raft_snapshot_index",
+            "Last log index in this node's newest snapshot (built here or installed from the leader); 0 when it has none",
+            snapshot_index.clone(),
+        );
         let data_dir_available_bytes = Gauge::<u64, AtomicU64>::default();
         registry.register(
             "data_dir_available_bytes",
             "Bytes still free for the node on its data dir's file system; a node whose log write fails for want of room stops",
             data_dir_available_bytes.clone(),
+        );
+        let data_dir_min_free_bytes = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "data_dir_min_free_bytes",
+            "The reserve of --min-free-bytes: while the leader's data dir has less available than it plus the newest snapshot's size, publishes and topic creations are refused (507)",
+            data_dir_min_free_bytes.clone(),
         );
         let log_bytes = Gauge::<u64, AtomicU64>::default();
         registry.register(
@@ -237,8 +251,10 @@ impl Default for Metrics {
             log_io,
             last_log_index,
             log_entries,
+            snapshot_index,
             log_bytes,
             data_dir_available_bytes,
+            data_dir_min_free_bytes,
             follower_lag,
             table_file_bytes,
             read_pages_bytes,
@@ -290,6 +306,7 @@ impl Metrics {
             // Entries after the last purged one; with none purged, from index 0.
             let first = m.purged.map_or(0, |purged| purged.index + 1);
             self.log_entries.set(m.last_log_index.map_or(0, |last| (last + 1).saturating_sub(first)));
+            self.snapshot_index.set(m.snapshot.map_or(0, |snapshot| snapshot.index));
             for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
                 self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
@@ -300,6 +317,7 @@ impl Metrics {
         if let Some(bytes) = raft_store::available_bytes(&app.config.data_dir) {
             self.data_dir_available_bytes.set(bytes);
         }
+        self.data_dir_min_free_bytes.set(app.disk_room.reserve());
         self.subscribers.set(app.subscription_count() as i64);
         let places_free = app.publishing_connections.available_permits();
         self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);

@@ -89,12 +89,22 @@ pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
     open_with(data_dir, IoMode::Background)
 }
 
+/// The folder of a data dir that holds its snapshot files.
+const SNAPSHOTS_DIR: &str = "snapshots";
+
+/// Bytes of the largest snapshot file in `data_dir` (one being written or received included),
+/// 0 when there is none: about what the next snapshot needs on disk again.
+pub fn largest_snapshot_bytes(data_dir: &Path) -> u64 {
+    let Ok(files) = std::fs::read_dir(data_dir.join(SNAPSHOTS_DIR)) else { return 0 };
+    files.flatten().filter_map(|file| file.metadata().ok()).map(|meta| meta.len()).max().unwrap_or(0)
+}
+
 /// [`open`] with an explicit log sync mode.
 pub fn open_with(data_dir: &Path, mode: IoMode) -> Result<Store, StoreError> {
     let db = Arc::new(db::open(&data_dir.join("db"))?);
     let feeds = Arc::new(Feeds::default());
     let log_store = LogStore::new(db.clone(), &data_dir.join("log"), mode)?;
-    let state_machine = StateMachine::open(db.clone(), data_dir.join("snapshots"), feeds.clone(), mode)?;
+    let state_machine = StateMachine::open(db.clone(), data_dir.join(SNAPSHOTS_DIR), feeds.clone(), mode)?;
     let reader = state_machine.reader();
     let closed = Closed(Arc::downgrade(&db));
     Ok(Store { log_store, state_machine, reader, closed })

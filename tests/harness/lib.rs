@@ -108,6 +108,8 @@ pub struct Options {
     pub election_timeout_ms: u64,
     /// `--client-addresses`, the same on every node.
     pub client_addresses: Option<String>,
+    /// More flags, the same on every node.
+    pub extra_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -122,6 +124,7 @@ impl Default for Options {
             // of two tests at once) lost its place and the test's next write got a 307.
             election_timeout_ms: 1000,
             client_addresses: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -188,6 +191,7 @@ impl Cluster {
         if let Some(addresses) = &self.options.client_addresses {
             cmd.arg("--client-addresses").arg(addresses);
         }
+        cmd.args(&self.options.extra_args);
         node.child = Some(cmd.spawn().expect("spawn pubsub-node"));
     }
 

@@ -220,8 +220,11 @@ impl Client {
                     }
                     Verdict::Done => {
                         // A write the server failed (a `5xx` not retried, `internal` say) may
-                        // have been done before it failed.
-                        let maybe_applied = (maybe_applied || status >= 500) && call.method != Method::GET;
+                        // have been done before it failed; a refusal for want of disk was
+                        // checked before anything was proposed.
+                        let refused_for_room = error.as_ref().is_some_and(|e| e.code == ErrorCode::InsufficientStorage);
+                        let server_failed = status >= 500 && !refused_for_room;
+                        let maybe_applied = (maybe_applied || server_failed) && call.method != Method::GET;
                         return Ok(Reply { status, body, url, maybe_applied });
                     }
                     Verdict::Redirect(Some(leader)) => {

@@ -198,6 +198,29 @@ async fn a_refusal_after_an_attempt_that_may_have_been_stored_is_indeterminate()
     }
 }
 
+/// `507 insufficient_storage` is checked before anything is proposed: a final refusal, not
+/// retried and not an unknown outcome, though it is a 5xx.
+#[tokio::test]
+async fn a_refusal_for_want_of_disk_is_final_and_stored_nothing() {
+    let hits = seen();
+    let node = leader_node(hits.clone(), |_, _| {
+        error_response(507, "insufficient_storage", json!({"available_bytes": 1, "min_free_bytes": 2}))
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let msg = NewMessage::new(json!(1)).with_id("order-3");
+    let publish = client.publish_message("t", msg, AckMode::Committed).await;
+    match &publish {
+        Err(e @ Error::Api(api)) => {
+            assert_eq!(api.code, ErrorCode::InsufficientStorage);
+            assert_eq!(api.status, 507);
+            assert!(!e.may_have_taken_effect());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(bodies(&hits).len(), 1, "not retried");
+}
+
 #[tokio::test]
 async fn duplicate_still_in_flight_is_retried_until_it_has_a_sequence() {
     let hits = seen();

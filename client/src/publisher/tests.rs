@@ -159,6 +159,11 @@ async fn error_frames_map_to_the_errors_the_http_publish_gives() {
         Err(Error::Api(e)) => assert_eq!((e.status, e.code), (404, ErrorCode::TopicNotFound)),
         other => panic!("{other:?}"),
     }
+    // Refused before anything was proposed: not an unknown outcome, though a 5xx.
+    match publisher.publish(message("insufficient_storage")).await {
+        Err(Error::Api(e)) => assert_eq!((e.status, e.code), (507, ErrorCode::InsufficientStorage)),
+        other => panic!("{other:?}"),
+    }
     // A refusal after which the message may still commit names its id (error frames carry
     // none), so that the caller can publish it again under the same id.
     let maybe_stored = |result: Result<PublishAck, Error>, expected_id: &str| match result {

@@ -255,6 +255,7 @@ pub async fn publish(
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
     let record = active(&app, &topic)?;
+    require_room(&app, &topic, record.id, std::slice::from_ref(&message), id_generated)?;
     let id = message.id.clone();
     if mode == AckMode::Appended && !id_generated {
         // A 202 never learns the apply result, so a known duplicate is refused here. A
@@ -323,6 +324,32 @@ struct PublishAnswer<'a> {
 }
 
 /// Answers a publish of an id the topic already holds without a Raft write.
+/// The data dir's reserve, for a publish. One whose every message is already stored, or in
+/// flight on this node (a retry after an answer that could not confirm it), would store
+/// nothing new: it goes on, to be answered as the duplicate it is, so that its publisher
+/// learns the sequence instead of "nothing was stored".
+fn require_room(
+    app: &SharedApp,
+    topic: &str,
+    topic_id: u64,
+    messages: &[NewMessage],
+    ids_generated: bool,
+) -> Result<(), ApiError> {
+    let Err(short) = app.disk_room.require_room() else { return Ok(()) };
+    if ids_generated {
+        return Err(short);
+    }
+    for message in messages {
+        let in_flight = || {
+            app.inflight.lock().unwrap_or_else(|e| e.into_inner()).contains(&(topic.to_string(), message.id.clone()))
+        };
+        if app.reader.dedup(topic_id, &message.id)?.is_none() && !in_flight() {
+            return Err(short);
+        }
+    }
+    Ok(())
+}
+
 fn refuse_applied_duplicate(app: &SharedApp, topic_id: u64, id: &str) -> Result<(), ApiError> {
     match app.reader.dedup(topic_id, id)? {
         Some(existing) => {
@@ -437,7 +464,8 @@ pub(super) async fn queue_publish(
     where_: &str,
 ) -> Result<QueuedWrite, ApiError> {
     app.require_leader(where_)?;
-    active(app, topic)?;
+    let record = active(app, topic)?;
+    require_room(app, topic, record.id, &messages, ids_generated)?;
     let count = messages.len() as u64;
     let request = Request::publish(topic.to_string(), messages, app.now_ms(), ids_generated);
     app.queue_write(request).await.inspect_err(|_| app.metrics.count_publish(Outcome::Error, count))

@@ -1,0 +1,165 @@
+//! The data dir's free space and the reserve kept in it (`--min-free-bytes`). While the
+//! leader's data dir has less available than the reserve plus its newest snapshot's size (the
+//! next snapshot needs as much again), writes that make the data grow (publishes, topic
+//! creations) are refused with `507 insufficient_storage` before anything is proposed: a
+//! filling disk stops publishers with an answer they understand, while deletes, acks and
+//! retention still run, instead of stopping every node at its first failed write.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::error::ApiError;
+use crate::limits::{DISK_ROOM_RECHECK, DISK_ROOM_RESUME_MARGIN_BYTES};
+
+/// Free space of one data dir against its reserve, asked of the file system at most once per
+/// [`DISK_ROOM_RECHECK`] however many writes ask.
+pub struct DiskRoom {
+    data_dir: PathBuf,
+    /// Bytes that must stay available besides a snapshot's; 0 turns the check off.
+    reserve: u64,
+    epoch: Instant,
+    /// When the last reading was taken, in µs since `epoch` plus one (0: never).
+    read_at_us: AtomicU64,
+    /// The last reading: bytes available (`u64::MAX` when the file system could not be asked:
+    /// a failing `statvfs` says nothing about the room left, so nothing is refused)...
+    available: AtomicU64,
+    /// ...the bytes that must stay available (the reserve and the newest snapshot's size)...
+    needed: AtomicU64,
+    /// ...and whether writes are refused.
+    short: AtomicBool,
+    /// Held by the one write that takes a new reading; the others go by the last one.
+    reading: Mutex<()>,
+}
+
+impl DiskRoom {
+    pub fn new(data_dir: PathBuf, reserve: u64) -> Self {
+        Self {
+            data_dir,
+            reserve,
+            epoch: Instant::now(),
+            read_at_us: AtomicU64::new(0),
+            available: AtomicU64::new(u64::MAX),
+            needed: AtomicU64::new(reserve),
+            short: AtomicBool::new(false),
+            reading: Mutex::new(()),
+        }
+    }
+
+    pub fn reserve(&self) -> u64 {
+        self.reserve
+    }
+
+    /// Ok while the data dir has room; otherwise the refusal, which names the room there is
+    /// and the room needed.
+    pub fn require_room(&self) -> Result<(), ApiError> {
+        if self.reserve == 0 {
+            return Ok(());
+        }
+        if self.reading_is_old() {
+            if let Ok(_reading) = self.reading.try_lock() {
+                self.read();
+            }
+        }
+        if !self.short.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        Err(ApiError::InsufficientStorage {
+            available: self.available.load(Ordering::Relaxed),
+            needed: self.needed.load(Ordering::Relaxed),
+            reserve: self.reserve,
+        })
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64 + 1
+    }
+
+    fn reading_is_old(&self) -> bool {
+        let read_at_us = self.read_at_us.load(Ordering::Relaxed);
+        read_at_us == 0 || self.now_us().saturating_sub(read_at_us) >= DISK_ROOM_RECHECK.as_micros() as u64
+    }
+
+    /// Takes a new reading and decides whether writes are refused.
+    fn read(&self) {
+        let available = raft_store::available_bytes(&self.data_dir).unwrap_or(u64::MAX);
+        let needed = self.reserve.saturating_add(raft_store::largest_snapshot_bytes(&self.data_dir));
+        let was_short = self.short.load(Ordering::Relaxed);
+        // Once refusing, writes resume only with a margin above the line, so that a disk
+        // hovering at it does not flip (and log) with every reading.
+        let line = if was_short { needed.saturating_add(DISK_ROOM_RESUME_MARGIN_BYTES) } else { needed };
+        let short = available < line;
+        self.available.store(available, Ordering::Relaxed);
+        self.needed.store(needed, Ordering::Relaxed);
+        self.short.store(short, Ordering::Relaxed);
+        self.read_at_us.store(self.now_us(), Ordering::Relaxed);
+        match (was_short, short) {
+            (false, true) => tracing::warn!(
+                available, needed, reserve = self.reserve, data_dir = %self.data_dir.display(),
+                "the data dir is short of room (--min-free-bytes, plus the newest snapshot's size): publishes and \
+                 topic creations are refused until it has room again"
+            ),
+            (true, false) => tracing::info!(available, needed, "the data dir has room again: writes are taken"),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(room: &DiskRoom) -> (u64, u64, u64) {
+        match room.require_room() {
+            Err(ApiError::InsufficientStorage { available, needed, reserve }) => (available, needed, reserve),
+            other => panic!("expected insufficient_storage, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reserve_beyond_the_free_space_refuses_and_zero_turns_the_check_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let available = raft_store::available_bytes(dir.path()).unwrap();
+        assert!(DiskRoom::new(dir.path().into(), 1).require_room().is_ok());
+        assert!(DiskRoom::new(dir.path().into(), 0).require_room().is_ok());
+        let room = DiskRoom::new(dir.path().into(), available.saturating_mul(4).max(1 << 40));
+        let (seen, needed, reserve) = refusal(&room);
+        assert!(seen < needed);
+        assert_eq!((needed, reserve), (room.reserve(), room.reserve()));
+        // The refusal stays (from the last reading) and is the documented 507.
+        let body = room.require_room().unwrap_err().body();
+        assert_eq!(body["error"], "insufficient_storage");
+        assert_eq!(body["details"]["min_free_bytes"], room.reserve());
+    }
+
+    #[test]
+    fn the_newest_snapshot_counts_on_top_of_the_reserve() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("snapshots")).unwrap();
+        let snapshot = std::fs::File::create(dir.path().join("snapshots").join("s")).unwrap();
+        snapshot.set_len(1 << 40).unwrap(); // sparse: its length is what counts
+        let (_, needed, reserve) = refusal(&DiskRoom::new(dir.path().into(), 1));
+        assert_eq!((needed, reserve), ((1 << 40) + 1, 1));
+    }
+
+    #[test]
+    fn room_comes_back_only_past_a_margin_above_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let available = raft_store::available_bytes(dir.path()).unwrap();
+        // A reserve just under the free space, short of it once the margin counts.
+        let reserve = available - DISK_ROOM_RESUME_MARGIN_BYTES / 2;
+        let room = DiskRoom::new(dir.path().into(), reserve);
+        assert!(room.require_room().is_ok(), "above the line");
+        room.short.store(true, Ordering::Relaxed);
+        room.read_at_us.store(0, Ordering::Relaxed);
+        assert!(room.require_room().is_err(), "above the line, but within the margin once refusing");
+    }
+
+    #[test]
+    fn a_dir_that_cannot_be_asked_refuses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let room = DiskRoom::new(dir.path().join("missing"), u64::MAX);
+        assert!(room.require_room().is_ok());
+    }
+}
