@@ -4,14 +4,25 @@
 //! creations) are refused with `507 insufficient_storage` before anything is proposed: a
 //! filling disk stops publishers with an answer they understand, while deletes, acks and
 //! retention still run, instead of stopping every node at its first failed write.
+//!
+//! Every node also tells the cluster, through the log, when its own data dir is short of room
+//! and when it has room again ([`report`]); the leader refuses the same writes while any
+//! node's claim is recent, so that a follower with a smaller or fuller disk is not the one
+//! that fills and stops.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, Weak};
 use std::time::Instant;
 
+use raft_store::Request;
+
+use crate::app::App;
 use crate::error::ApiError;
-use crate::limits::{DISK_ROOM_RECHECK, DISK_ROOM_RESUME_MARGIN_BYTES};
+use crate::limits::{
+    DISK_ROOM_RECHECK, DISK_ROOM_REPORT_INTERVAL, DISK_ROOM_RESUME_MARGIN_BYTES, DISK_SHORT_CLAIM_LAPSE,
+    DISK_SHORT_CLAIM_RENEW,
+};
 
 /// Free space of one data dir against its reserve, asked of the file system at most once per
 /// [`DISK_ROOM_RECHECK`] however many writes ask.
@@ -54,15 +65,7 @@ impl DiskRoom {
     /// Ok while the data dir has room; otherwise the refusal, which names the room there is
     /// and the room needed.
     pub fn require_room(&self) -> Result<(), ApiError> {
-        if self.reserve == 0 {
-            return Ok(());
-        }
-        if self.reading_is_old() {
-            if let Ok(_reading) = self.reading.try_lock() {
-                self.read();
-            }
-        }
-        if !self.short.load(Ordering::Relaxed) {
+        if !self.is_short() {
             return Ok(());
         }
         Err(ApiError::InsufficientStorage {
@@ -70,6 +73,20 @@ impl DiskRoom {
             needed: self.needed.load(Ordering::Relaxed),
             reserve: self.reserve,
         })
+    }
+
+    /// Whether writes are refused for want of room here, from a reading at most
+    /// [`DISK_ROOM_RECHECK`] old.
+    pub fn is_short(&self) -> bool {
+        if self.reserve == 0 {
+            return false;
+        }
+        if self.reading_is_old() {
+            if let Ok(_reading) = self.reading.try_lock() {
+                self.read();
+            }
+        }
+        self.short.load(Ordering::Relaxed)
     }
 
     fn now_us(&self) -> u64 {
@@ -102,6 +119,44 @@ impl DiskRoom {
             ),
             (true, false) => tracing::info!(available, needed, "the data dir has room again: writes are taken"),
             _ => {}
+        }
+    }
+}
+
+/// The leader's check before a write that makes the data grow: its own data dir, then the
+/// claims of the other nodes.
+pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
+    app.disk_room.require_room()?;
+    let nodes = app.reader.nodes_short_of_disk(app.now_ms(), DISK_SHORT_CLAIM_LAPSE.as_millis() as u64);
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::NodesShortOfStorage { nodes })
+}
+
+/// Tells the cluster when this node's data dir becomes short of room (renewing the claim while
+/// it stays so) and when it has room again, every [`DISK_ROOM_REPORT_INTERVAL`].
+pub async fn report(app: Weak<App>) {
+    let mut interval = tokio::time::interval(DISK_ROOM_REPORT_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(app) = app.upgrade() else { return };
+        if app.shutdown.is_cancelled() {
+            return;
+        }
+        let (short, now_ms) = (app.disk_room.is_short(), app.now_ms());
+        let due = match app.reader.disk_short_claim(app.id()) {
+            None => short,
+            Some(claimed_at) => {
+                !short || now_ms.saturating_sub(claimed_at) >= DISK_SHORT_CLAIM_RENEW.as_millis() as u64
+            }
+        };
+        if due {
+            let request = Request::SetDiskShort { node_id: app.id(), short, now_ms };
+            if let Err(e) = app.propose_anywhere(request).await {
+                tracing::debug!(error = %e, short, "the data dir's room not told to the cluster yet; retrying");
+            }
         }
     }
 }

@@ -62,6 +62,13 @@ pub enum ApiError {
          nothing was stored; writes are taken again once the disk has room"
     )]
     InsufficientStorage { available: u64, needed: u64, reserve: u64 },
+    /// Other nodes said their data dir is short of room; nothing was proposed.
+    #[error(
+        "the data dir of {} is short of room (its --min-free-bytes, plus the size of its newest snapshot): \
+         nothing was stored; writes are taken again once it has room",
+        node_list(nodes)
+    )]
+    NodesShortOfStorage { nodes: Vec<u64> },
     #[error("internal error: {0}")]
     Internal(String),
     /// `cause`, a failure after which a publish may still commit, naming the message's id
@@ -94,7 +101,9 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
-            Self::InsufficientStorage { .. } => (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage"),
+            Self::InsufficientStorage { .. } | Self::NodesShortOfStorage { .. } => {
+                (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
+            }
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -131,6 +140,10 @@ impl ApiError {
             Self::InsufficientStorage { available, needed, reserve } => {
                 body["details"] =
                     json!({"available_bytes": available, "needed_bytes": needed, "min_free_bytes": reserve})
+            }
+            Self::NodesShortOfStorage { nodes } => {
+                let nodes: Vec<String> = nodes.iter().map(|id| format!("node-{id}")).collect();
+                body["details"] = json!({"nodes": nodes})
             }
             _ => {}
         }
@@ -180,6 +193,11 @@ impl ApiError {
             other => other,
         }
     }
+}
+
+/// `node-1, node-2` for messages.
+pub(crate) fn node_list<'a>(ids: impl IntoIterator<Item = &'a u64>) -> String {
+    ids.into_iter().map(|id| format!("node-{id}")).collect::<Vec<_>>().join(", ")
 }
 
 /// `text` cut to its first `chars` characters, marked `…` when cut.

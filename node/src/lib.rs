@@ -146,6 +146,7 @@ where
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
+    tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
 
     let cluster_id = app.reader.cluster_id();
@@ -253,8 +254,8 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     if !stored.keys().eq(config.peers.keys()) {
         return Err(NodeError::OtherVoters {
             path: config.data_dir.display().to_string(),
-            stored: voter_list(stored.keys()),
-            given: voter_list(config.peers.keys()),
+            stored: error::node_list(stored.keys()),
+            given: error::node_list(config.peers.keys()),
         });
     }
     tracing::warn!(
@@ -263,11 +264,6 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
          runs with; --peers is read only when a cluster is first started"
     );
     Ok(())
-}
-
-/// `node-1, node-2` for error messages.
-fn voter_list<'a>(ids: impl Iterator<Item = &'a u64>) -> String {
-    ids.map(|id| format!("node-{id}")).collect::<Vec<_>>().join(", ")
 }
 
 /// First start of a fresh cluster: the node with the smallest id initializes it with every

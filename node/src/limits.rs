@@ -369,6 +369,13 @@ pub const DISK_ROOM_RESUME_MARGIN_BYTES: u64 = 64 * 1024 * 1024;
 /// even at the fastest rate measured here (some 150 MB/s written per node, batches) a tenth
 /// of a second is a small part of the reserve, and a `statvfs` per write is not needed.
 pub const DISK_ROOM_RECHECK: Duration = Duration::from_millis(100);
+/// How often a node compares its data dir's room with what the cluster was told of it.
+pub const DISK_ROOM_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// A node short of room says so again this often, and the leader counts a claim this long
+/// after it was made (by the claiming node's clock): a node gone for good must not refuse the
+/// cluster's writes for ever, and nodes' clocks may be seconds apart.
+pub const DISK_SHORT_CLAIM_RENEW: Duration = Duration::from_secs(10);
+pub const DISK_SHORT_CLAIM_LAPSE: Duration = Duration::from_secs(30);
 /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
 /// from the log instead of a snapshot.
 pub const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 10_000;
@@ -403,6 +410,8 @@ const _: () = {
     assert!(LOGS_KEPT_AFTER_SNAPSHOT < SNAPSHOT_LOGS_DEFAULT);
     // The writes admitted before a refusal land twice (the log, then RocksDB) within the reserve.
     assert!(MIN_FREE_BYTES_DEFAULT as usize > 2 * (PROPOSAL_QUEUE_BYTES_MAX + APPENDED_BYTES_MAX));
+    // A claim renewed in time never lapses, even with a few renewals lost.
+    assert!(DISK_SHORT_CLAIM_RENEW.as_millis() * 2 < DISK_SHORT_CLAIM_LAPSE.as_millis());
     assert!(PEER_STALL_TIMEOUT.as_millis() > ELECTION_TIMEOUT_MS_DEFAULT as u128);
     // A request that holds room while the node works never outlasts the wait for it (but a
     // snapshot's last chunk, which waits for the install: one request, 4 MiB).

@@ -59,6 +59,12 @@ pub enum Request {
     /// the topic was deleted and revived in the entries it skipped. A new variant rather than
     /// a new rule for `CreateTopic`, and declared last, for the same reasons as `AckBounded`.
     CreateTopicLater { topic: String, metadata: Option<String>, retention: Retention, now_ms: u64 },
+    /// Node `node_id` says its data dir is short of room (`short`), or has room again. While
+    /// a node's claim is recent the leader refuses writes that make the data grow, so that a
+    /// follower with a smaller or fuller disk does not fill and stop. `now_ms` is the claiming
+    /// node's clock: a claim not renewed lapses, so that a node gone for good does not refuse
+    /// the cluster's writes for ever. Declared last, for the same reason as `AckBounded`.
+    SetDiskShort { node_id: u64, short: bool, now_ms: u64 },
 }
 
 /// Batches nest (a batch is a command), and bincode decodes nesting by recursion with no
@@ -132,6 +138,7 @@ impl Request {
             Request::ForgetCursor { topic, subscriber_id } => topic.len() + subscriber_id.len(),
             Request::Tick { .. } => 8,
             Request::SetClusterId { id } => id.len(),
+            Request::SetDiskShort { .. } => 24,
         }
     }
 }
@@ -266,6 +273,7 @@ mod tests {
         let create =
             Request::CreateTopicLater { topic: "t".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
         assert_eq!(position(&create), 10);
+        assert_eq!(position(&Request::SetDiskShort { node_id: 1, short: true, now_ms: 1 }), 11);
     }
 
     /// `levels` batches, each holding the next, the innermost empty: as bincode writes them

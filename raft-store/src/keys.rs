@@ -32,6 +32,8 @@ pub const MEMBERSHIP: &[u8] = b"membership";
 pub const NEXT_TOPIC_ID: &[u8] = b"next_topic_id";
 /// The cluster's id, set once by the first `SetClusterId` applied; carried in snapshots.
 pub const CLUSTER_ID: &[u8] = b"cluster_id";
+/// Nodes short of disk room and when each last said so (`SetDiskShort`); carried in snapshots.
+pub const DISK_SHORT: &[u8] = b"disk_short";
 pub const SNAPSHOT_META: &[u8] = b"snapshot_meta";
 pub const INSTALL_PENDING: &[u8] = b"install_pending";
 

@@ -95,6 +95,19 @@ impl StoreReader {
         self.cluster_id.get().map(String::as_str)
     }
 
+    /// Nodes that said, at most `lapse_ms` before `now_ms`, that their data dir is short of
+    /// room (`Request::SetDiskShort`).
+    pub fn nodes_short_of_disk(&self, now_ms: u64, lapse_ms: u64) -> Vec<u64> {
+        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
+        topics.disk_short.iter().filter(|(_, at)| now_ms.saturating_sub(**at) <= lapse_ms).map(|(id, _)| *id).collect()
+    }
+
+    /// When node `id` last said it is short of disk room, if it has not said since that it
+    /// has room again.
+    pub fn disk_short_claim(&self, id: u64) -> Option<u64> {
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).disk_short.get(&id).copied()
+    }
+
     /// Recorded cursors of a topic (by its id), as the state machine counts them.
     pub fn cursor_count(&self, topic_id: u64) -> u64 {
         self.topics.read().unwrap_or_else(|e| e.into_inner()).cursor_counts.get(&topic_id).copied().unwrap_or(0)

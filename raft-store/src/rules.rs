@@ -56,6 +56,9 @@ pub struct Topics {
     pub cursor_counts: HashMap<u64, u64>,
     /// The cluster's id, once a `SetClusterId` was applied (persisted in `sm_meta`).
     pub cluster_id: Option<String>,
+    /// Nodes whose data dir is short of room, each with the time (its own clock, ms) it last
+    /// said so (persisted in `sm_meta`).
+    pub disk_short: BTreeMap<u64, u64>,
     /// The bytes of every record's metadata (in memory only: summed when the state is loaded,
     /// then kept by the rules), for [`TOPICS_METADATA_BYTES_MAX`].
     pub metadata_bytes: usize,
@@ -106,6 +109,14 @@ fn apply_command(
         Request::Tick { now_ms } => tick(topics, store, *now_ms, trim_budget),
         Request::SetClusterId { id } => {
             topics.cluster_id.get_or_insert_with(|| id.clone());
+            Ok((Response::None, vec![]))
+        }
+        Request::SetDiskShort { node_id, short, now_ms } => {
+            if *short {
+                topics.disk_short.insert(*node_id, *now_ms);
+            } else {
+                topics.disk_short.remove(node_id);
+            }
             Ok((Response::None, vec![]))
         }
         Request::Batch(requests) => {
@@ -802,6 +813,19 @@ pub(crate) mod tests {
         assert_eq!(run(&mut t, &mut s, Request::Ack { acks: vec![ack("a", "old", 2)] }), Response::Acked);
         assert_eq!(t.cursor_counts[&1], CURSORS_PER_TOPIC_MAX + 1);
         assert_eq!(s.cursors.keys().filter(|(topic, _)| *topic == 1).count() as u64, t.cursor_counts[&1]);
+    }
+
+    #[test]
+    fn a_node_short_of_disk_is_recorded_with_its_latest_claim_until_it_has_room() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        let short = |node_id, short, now_ms| Request::SetDiskShort { node_id, short, now_ms };
+        run(&mut t, &mut s, short(2, true, 10));
+        run(&mut t, &mut s, short(3, true, 11));
+        run(&mut t, &mut s, short(2, true, 20));
+        assert_eq!(t.disk_short, BTreeMap::from([(2, 20), (3, 11)]));
+        run(&mut t, &mut s, short(2, false, 30));
+        run(&mut t, &mut s, short(4, false, 30));
+        assert_eq!(t.disk_short, BTreeMap::from([(3, 11)]));
     }
 
     #[test]

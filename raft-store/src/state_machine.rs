@@ -6,7 +6,7 @@
 //! batch is not fsynced: after a crash RocksDB recovers a prefix of batches, and openraft
 //! re-applies the committed entries after `last_applied` from the (fsynced) log.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -22,7 +22,7 @@ use crate::error::{read_err, sm_write_err};
 use crate::feeds::Feeds;
 use crate::keys::{
     decode_u64, message_key, topic_scoped_key, CF_CURSORS, CF_DEDUP, CF_MESSAGES, CF_SM_META, CF_TOPICS, CLUSTER_ID,
-    INSTALL_PENDING, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SNAPSHOT_META,
+    DISK_SHORT, INSTALL_PENDING, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SNAPSHOT_META,
 };
 use crate::log_store::IoMode;
 use crate::reader::{StoreReader, StoredMessage};
@@ -128,6 +128,10 @@ impl StateMachine {
                 }
                 None => None,
             },
+            disk_short: match self.db.get_cf(meta, DISK_SHORT)? {
+                Some(b) => bincode::deserialize(&b).map_err(StoreError::decode("disk_short"))?,
+                None => BTreeMap::new(),
+            },
             metadata_bytes: 0,
         };
         for item in self.db.iterator_cf(cf(&self.db, CF_TOPICS)?, IteratorMode::Start) {
@@ -175,6 +179,8 @@ impl StateMachine {
         let mut membership_changed = false;
         let next_topic_id = topics.next_topic_id;
         let had_cluster_id = topics.cluster_id.is_some();
+        // Almost always empty: the clone allocates nothing.
+        let disk_short = topics.disk_short.clone();
         for entry in entries {
             debug_assert!(self.last_applied.as_ref().is_none_or(|a| a.index < entry.log_id.index));
             self.last_applied = Some(entry.log_id);
@@ -204,6 +210,9 @@ impl StateMachine {
         }
         if let Some(id) = topics.cluster_id.as_ref().filter(|_| !had_cluster_id) {
             batch.batch.put_cf(meta, CLUSTER_ID, id.as_bytes());
+        }
+        if topics.disk_short != disk_short {
+            batch.batch.put_cf(meta, DISK_SHORT, encode(&topics.disk_short)?);
         }
         if membership_changed {
             batch.batch.put_cf(meta, MEMBERSHIP, encode(&self.membership)?);

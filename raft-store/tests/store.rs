@@ -713,3 +713,28 @@ async fn the_cluster_id_is_set_once_and_survives_a_restart_and_a_snapshot_instal
     follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
     assert_eq!(follower.reader.cluster_id(), Some("ours"));
 }
+
+/// Which nodes are short of disk room is kept across a restart and carried to a node by a
+/// snapshot, and a node that has room again is no longer listed.
+#[tokio::test]
+async fn nodes_short_of_disk_survive_a_restart_and_a_snapshot_install() {
+    let short = |node_id, short, now_ms| Request::SetDiskShort { node_id, short, now_ms };
+    let (dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut store = raft_store::open(dir.path()).unwrap();
+    store.state_machine.apply([entry(1, short(2, true, 100)), entry(2, short(3, true, 200))]).await.unwrap();
+    assert_eq!(store.reader.nodes_short_of_disk(250, 1000), vec![2, 3]);
+    assert_eq!(store.reader.nodes_short_of_disk(1150, 1000), vec![3], "node 2's claim lapsed");
+    let snapshot = store.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let closed = store.closed;
+    drop((store.log_store, store.state_machine, store.reader));
+    assert!(closed.wait(Duration::from_secs(5)).await);
+
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(store.reader.disk_short_claim(2), Some(100));
+    store.state_machine.apply([entry(3, short(2, false, 300))]).await.unwrap();
+    assert_eq!(store.reader.nodes_short_of_disk(300, 1000), vec![3]);
+
+    let mut follower = raft_store::open(follower_dir.path()).unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!(follower.reader.nodes_short_of_disk(250, 1000), vec![2, 3]);
+}

@@ -93,6 +93,8 @@ pub struct NodeProc {
     pub id: u64,
     pub addr: String,
     pub data_dir: PathBuf,
+    /// Flags of this node alone, after the cluster's: taken at its next start.
+    pub args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -151,6 +153,7 @@ impl Cluster {
                 id: i as u64 + 1,
                 addr: format!("127.0.0.1:{port}"),
                 data_dir: dir.path().join(format!("node-{}", i + 1)),
+                args: Vec::new(),
                 log: dir.path().join(format!("node-{}.log", i + 1)),
                 child: None,
             })
@@ -191,7 +194,7 @@ impl Cluster {
         if let Some(addresses) = &self.options.client_addresses {
             cmd.arg("--client-addresses").arg(addresses);
         }
-        cmd.args(&self.options.extra_args);
+        cmd.args(&self.options.extra_args).args(&node.args);
         node.child = Some(cmd.spawn().expect("spawn pubsub-node"));
     }
 

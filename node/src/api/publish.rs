@@ -335,7 +335,7 @@ fn require_room(
     messages: &[NewMessage],
     ids_generated: bool,
 ) -> Result<(), ApiError> {
-    let Err(short) = app.disk_room.require_room() else { return Ok(()) };
+    let Err(short) = crate::disk_room::require_cluster_room(app) else { return Ok(()) };
     if ids_generated {
         return Err(short);
     }

@@ -96,7 +96,7 @@ pub async fn create(
     if app.reader.topic(&name).is_none() && app.reader.topic_count() >= TOPICS_MAX {
         return Err(limit_reached());
     }
-    app.disk_room.require_room()?;
+    crate::disk_room::require_cluster_room(&app)?;
     let request = Request::CreateTopicLater { topic: name.clone(), metadata, retention, now_ms: app.now_ms() };
     let written = app.write(request).await?;
     // Other creations can fill the last places between the check above and this apply.
