@@ -198,10 +198,21 @@ struct NodeHandles {
 
 /// Adds `nodes` hosts running the real node (restarted in place after a crash).
 fn add_nodes(sim: &mut turmoil::Sim<'static>, nodes: usize, dir: &std::path::Path) -> NodeHandles {
+    add_nodes_configured(sim, nodes, dir, |_, _| {})
+}
+
+/// [`add_nodes`], with each node's configuration changed by `configure` (its index, its config).
+fn add_nodes_configured(
+    sim: &mut turmoil::Sim<'static>,
+    nodes: usize,
+    dir: &std::path::Path,
+    configure: impl Fn(usize, &mut Config),
+) -> NodeHandles {
     let offsets: Vec<Arc<AtomicI64>> = (0..nodes).map(|_| Arc::new(AtomicI64::new(0))).collect();
     let stops: Vec<_> = (0..nodes).map(|_| Arc::new(tokio::sync::Notify::new())).collect();
     for (i, offset) in offsets.iter().enumerate() {
-        let config = node_config(i, nodes, dir);
+        let mut config = node_config(i, nodes, dir);
+        configure(i, &mut config);
         let (offset, stop) = (offset.clone(), stops[i].clone());
         sim.host(host(i), move || {
             let (config, stop) = (config.clone(), stop.clone());
@@ -887,6 +898,104 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
         assert_eq!(answer["error"], "no_leader", "{answers:?}");
         assert!(*took < Duration::from_secs(1), "answered after {took:?}, not at once: {answers:?}");
     }
+}
+
+/// A node short of disk room (a reserve past any disk) makes the leader refuse topic creations
+/// `507 insufficient_storage`; cut off from the others, its claim is no longer renewed and
+/// lapses (30 s after it was last made, by the claiming node's clock), so the other two take
+/// writes again: a node gone for good does not stop the cluster's writes for ever. Healed, it
+/// says so again and writes are refused again.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn the_claim_of_a_node_short_of_disk_lapses_while_it_is_cut_off() {
+    use pubsub_node::limits::{DISK_SHORT_CLAIM_LAPSE, DISK_SHORT_CLAIM_RENEW};
+    const NODES: usize = 3;
+    const SHORT: usize = 2;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(5);
+    add_nodes_configured(&mut sim, NODES, dir.path(), |i, config| {
+        if i == SHORT {
+            config.min_free_bytes = u64::MAX / 2;
+        }
+    });
+    // The cut asked for (by the client), then made (by the loop); the heal likewise.
+    let (cut_asked, cut_made, heal_asked, healed) = (
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+    );
+    let outcome: Arc<Mutex<Option<(Duration, Value)>>> = Arc::default();
+    {
+        let (cut_asked, cut_made, heal_asked, healed, outcome) =
+            (cut_asked.clone(), cut_made.clone(), heal_asked.clone(), healed.clone(), outcome.clone());
+        sim.client("operator", async move {
+            // Creates a topic through whichever of `nodes` leads: its status and body.
+            async fn create(nodes: std::ops::Range<usize>, topic: &str) -> (u16, Value) {
+                loop {
+                    if let Some((leader, _)) = agreed_leader(nodes.clone()).await {
+                        if let Ok(answer) = request(&host(leader), "POST", &format!("/topics/{topic}"), None).await {
+                            return answer;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let mut n = 0;
+            loop {
+                n += 1;
+                let (status, body) = create(0..NODES, &format!("t{n}")).await;
+                if status == 507 {
+                    assert_eq!(body["error"], "insufficient_storage", "{body}");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            cut_asked.store(true, Ordering::SeqCst);
+            while !cut_made.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let cut_at = tokio::time::Instant::now();
+            loop {
+                n += 1;
+                let (status, body) = create(0..SHORT, &format!("t{n}")).await;
+                if status != 507 {
+                    assert_eq!(status, 201, "{body}");
+                    break;
+                }
+                assert_eq!(body["details"]["nodes"], json!([format!("node-{}", SHORT + 1)]), "{body}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let resumed_after = cut_at.elapsed();
+            heal_asked.store(true, Ordering::SeqCst);
+            while !healed.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            loop {
+                n += 1;
+                let (status, body) = create(0..NODES, &format!("t{n}")).await;
+                if status == 507 {
+                    *outcome.lock().unwrap() = Some((resumed_after, body));
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        if cut_asked.load(Ordering::SeqCst) && !cut_made.swap(true, Ordering::SeqCst) {
+            cut_off(&mut sim, NODES, SHORT);
+        }
+        if heal_asked.load(Ordering::SeqCst) && !healed.swap(true, Ordering::SeqCst) {
+            heal(&mut sim, NODES, SHORT);
+        }
+    }
+    let (resumed_after, refused_again) = outcome.lock().unwrap().clone().expect("the scenario ran to its end");
+    // The claim was at most one renewal (and one report interval) old at the cut.
+    let earliest = DISK_SHORT_CLAIM_LAPSE - DISK_SHORT_CLAIM_RENEW - Duration::from_secs(2);
+    let latest = DISK_SHORT_CLAIM_LAPSE + Duration::from_secs(5);
+    assert!((earliest..=latest).contains(&resumed_after), "writes resumed {resumed_after:?} after the cut");
+    assert_eq!(refused_again["error"], "insufficient_storage", "{refused_again}");
 }
 
 /// The next answer on a publishing socket, as JSON (pings and pongs skipped).

@@ -81,6 +81,8 @@ pub struct App {
     /// The data dir's free space against its reserve (`--min-free-bytes`): checked by the
     /// writes that make the data grow.
     pub disk_room: crate::disk_room::DiskRoom,
+    /// When this node saw each node's latest claim to be short of disk room.
+    pub claims_seen: crate::disk_room::ClaimsSeen,
 }
 
 /// A write in the proposer's queue ([`App::queue_write`]), to be awaited with

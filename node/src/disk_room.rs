@@ -10,6 +10,7 @@
 //! node's claim is recent, so that a follower with a smaller or fuller disk is not the one
 //! that fills and stops.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
@@ -123,40 +124,76 @@ impl DiskRoom {
     }
 }
 
+/// When this node first saw each node's latest claim to be short of disk room. A claim lapses
+/// [`DISK_SHORT_CLAIM_LAPSE`] after it was seen here, by this node's monotonic clock: the
+/// claim's own stamp, from another node's wall clock, only tells one claim from the next.
+#[derive(Default)]
+pub struct ClaimsSeen(Mutex<BTreeMap<u64, (u64, Instant)>>);
+
+impl ClaimsSeen {
+    /// The nodes of `claims` (node → stamp) but `except` whose claim was seen at most
+    /// [`DISK_SHORT_CLAIM_LAPSE`] before `now`; a claim not seen before counts from `now`.
+    pub fn fresh(&self, claims: &BTreeMap<u64, u64>, now: Instant, except: u64) -> Vec<u64> {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        seen.retain(|node, _| claims.contains_key(node));
+        let mut fresh = Vec::new();
+        for (&node, &stamp) in claims {
+            let (seen_stamp, seen_at) = seen.entry(node).or_insert((stamp, now));
+            if *seen_stamp != stamp {
+                (*seen_stamp, *seen_at) = (stamp, now);
+            }
+            if node != except && now.saturating_duration_since(*seen_at) <= DISK_SHORT_CLAIM_LAPSE {
+                fresh.push(node);
+            }
+        }
+        fresh
+    }
+}
+
 /// The leader's check before a write that makes the data grow: its own data dir, then the
-/// claims of the other nodes.
+/// claims of the other nodes (its own claim is older than its own check).
 pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
     app.disk_room.require_room()?;
-    let nodes = app.reader.nodes_short_of_disk(app.now_ms(), DISK_SHORT_CLAIM_LAPSE.as_millis() as u64);
+    if !app.reader.any_disk_short() {
+        return Ok(());
+    }
+    let claims = app.reader.disk_short_claims();
+    let nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), app.id());
     if nodes.is_empty() {
         return Ok(());
     }
     Err(ApiError::NodesShortOfStorage { nodes })
 }
 
-/// Tells the cluster when this node's data dir becomes short of room (renewing the claim while
-/// it stays so) and when it has room again, every [`DISK_ROOM_REPORT_INTERVAL`].
+/// Tells the cluster when this node's data dir becomes short of room (renewing the claim every
+/// [`DISK_SHORT_CLAIM_RENEW`] while it stays so) and when it has room again, checking every
+/// [`DISK_ROOM_REPORT_INTERVAL`]; meanwhile notes when other nodes' claims are seen, so that
+/// a node that comes to lead knows how old they are.
 pub async fn report(app: Weak<App>) {
     let mut interval = tokio::time::interval(DISK_ROOM_REPORT_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_claimed: Option<tokio::time::Instant> = None;
     loop {
         interval.tick().await;
         let Some(app) = app.upgrade() else { return };
         if app.shutdown.is_cancelled() {
             return;
         }
-        let (short, now_ms) = (app.disk_room.is_short(), app.now_ms());
-        let due = match app.reader.disk_short_claim(app.id()) {
-            None => short,
-            Some(claimed_at) => {
-                !short || now_ms.saturating_sub(claimed_at) >= DISK_SHORT_CLAIM_RENEW.as_millis() as u64
-            }
-        };
-        if due {
-            let request = Request::SetDiskShort { node_id: app.id(), short, now_ms };
-            if let Err(e) = app.propose_anywhere(request).await {
-                tracing::debug!(error = %e, short, "the data dir's room not told to the cluster yet; retrying");
-            }
+        let now = tokio::time::Instant::now();
+        if app.reader.any_disk_short() {
+            app.claims_seen.fresh(&app.reader.disk_short_claims(), now.into_std(), app.id());
+        }
+        let short = app.disk_room.is_short();
+        let claimed = app.reader.disk_short_claim(app.id()).is_some();
+        let renewal_due = last_claimed.is_none_or(|at| now.duration_since(at) >= DISK_SHORT_CLAIM_RENEW);
+        let due = if short { !claimed || renewal_due } else { claimed };
+        if !due {
+            continue;
+        }
+        let request = Request::SetDiskShort { node_id: app.id(), short, now_ms: app.now_ms() };
+        match app.propose_anywhere(request).await {
+            Ok(_) => last_claimed = short.then_some(now),
+            Err(e) => tracing::debug!(error = %e, short, "the data dir's room not told to the cluster yet; retrying"),
         }
     }
 }
@@ -164,6 +201,7 @@ pub async fn report(app: Weak<App>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn refusal(room: &DiskRoom) -> (u64, u64, u64) {
         match room.require_room() {
@@ -209,6 +247,25 @@ mod tests {
         room.short.store(true, Ordering::Relaxed);
         room.read_at_us.store(0, Ordering::Relaxed);
         assert!(room.require_room().is_err(), "above the line, but within the margin once refusing");
+    }
+
+    #[test]
+    fn a_claim_lapses_after_it_was_last_seen_renewed_and_never_names_the_asking_node() {
+        let seen = ClaimsSeen::default();
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let lapse = DISK_SHORT_CLAIM_LAPSE.as_secs();
+        let claims = BTreeMap::from([(2, 100), (3, 5)]);
+        assert_eq!(seen.fresh(&claims, at(0), 1), vec![2, 3]);
+        assert_eq!(seen.fresh(&claims, at(0), 3), vec![2], "the asking node's own claim is left out");
+        // Node 2 renews (a new stamp, whatever its clock says), node 3 does not.
+        let renewed = BTreeMap::from([(2, 90), (3, 5)]);
+        assert_eq!(seen.fresh(&renewed, at(lapse - 5), 1), vec![2, 3]);
+        assert_eq!(seen.fresh(&renewed, at(lapse + 1), 1), vec![2], "node 3's claim lapsed");
+        assert_eq!(seen.fresh(&renewed, at(2 * lapse), 1), Vec::<u64>::new());
+        // A claim withdrawn and made again counts from when it is seen again.
+        assert_eq!(seen.fresh(&BTreeMap::new(), at(2 * lapse), 1), Vec::<u64>::new());
+        assert_eq!(seen.fresh(&claims, at(2 * lapse + 1), 1), vec![2, 3]);
     }
 
     #[test]

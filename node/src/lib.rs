@@ -142,6 +142,7 @@ where
         client_metrics_bodies: budget::PerClientBudgets::new(limits::METRICS_BODIES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
         disk_room: disk_room::DiskRoom::new(config.data_dir.clone(), config.min_free_bytes),
+        claims_seen: Default::default(),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));

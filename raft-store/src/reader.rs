@@ -4,6 +4,7 @@
 //! applied index. Topic records come from memory; messages, dedup and cursors from RocksDB
 //! through bounded iterators (never a full scan).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use bytes::Bytes;
@@ -67,6 +68,8 @@ pub struct StoreReader {
     pub(crate) installs: Arc<std::sync::atomic::AtomicU64>,
     /// Set by the state machine once the cluster's id is applied; never changes after.
     pub(crate) cluster_id: Arc<OnceLock<String>>,
+    /// Set by the state machine after each apply: how many nodes claim to be short of disk.
+    pub(crate) disk_short_count: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl StoreReader {
@@ -95,11 +98,15 @@ impl StoreReader {
         self.cluster_id.get().map(String::as_str)
     }
 
-    /// Nodes that said, at most `lapse_ms` before `now_ms`, that their data dir is short of
-    /// room (`Request::SetDiskShort`).
-    pub fn nodes_short_of_disk(&self, now_ms: u64, lapse_ms: u64) -> Vec<u64> {
-        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
-        topics.disk_short.iter().filter(|(_, at)| now_ms.saturating_sub(**at) <= lapse_ms).map(|(id, _)| *id).collect()
+    /// Whether any node claims to be short of disk room (`Request::SetDiskShort`). Takes no lock.
+    pub fn any_disk_short(&self) -> bool {
+        self.disk_short_count.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// The nodes that claim to be short of disk room, each with the stamp (its own clock, ms)
+    /// of its latest claim.
+    pub fn disk_short_claims(&self) -> BTreeMap<u64, u64> {
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).disk_short.clone()
     }
 
     /// When node `id` last said it is short of disk room, if it has not said since that it

@@ -16,7 +16,9 @@ use std::path::Path;
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use crate::db::{cf, synced, unsynced};
-use crate::keys::{INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META};
+use crate::keys::{
+    DISK_SHORT, INSTALL_PENDING, KEY_MAX, LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, SM_CFS, SNAPSHOT_META,
+};
 use crate::limits::{SNAPSHOT_INSTALL_BATCH_BYTES_MAX, SNAPSHOT_INSTALL_BATCH_RECORDS};
 use crate::typ::{LogId, SnapshotMeta, StoredMembership};
 use crate::StoreError;
@@ -135,7 +137,7 @@ fn install_batch_is_full(records: usize, bytes: usize) -> bool {
 pub fn install_pending(db: &DB, path: &Path, meta: &SnapshotMeta) -> Result<(), StoreError> {
     let meta_cf = cf(db, SM_CFS[0])?;
     let mut clear = WriteBatch::default();
-    for key in [LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID] {
+    for key in [LAST_APPLIED, MEMBERSHIP, NEXT_TOPIC_ID, DISK_SHORT] {
         clear.delete_cf(meta_cf, key);
     }
     for name in &SM_CFS[1..] {

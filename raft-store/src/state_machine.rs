@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,6 +43,9 @@ pub struct StateMachine {
     installs: Arc<AtomicU64>,
     /// The cluster's id once applied (shared with readers: see [`StoreReader::cluster_id`]).
     cluster_id: Arc<OnceLock<String>>,
+    /// How many nodes claim to be short of disk room (shared with readers: see
+    /// [`StoreReader::any_disk_short`]).
+    disk_short_count: Arc<AtomicUsize>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshots: SnapshotFiles,
@@ -87,6 +90,7 @@ impl StateMachine {
             feeds,
             installs: Arc::new(AtomicU64::new(0)),
             cluster_id: Arc::new(OnceLock::new()),
+            disk_short_count: Arc::new(AtomicUsize::new(0)),
             last_applied: None,
             membership: StoredMembership::default(),
             snapshots,
@@ -103,6 +107,7 @@ impl StateMachine {
             feeds: self.feeds.clone(),
             installs: self.installs.clone(),
             cluster_id: self.cluster_id.clone(),
+            disk_short_count: self.disk_short_count.clone(),
         }
     }
 
@@ -140,7 +145,7 @@ impl StateMachine {
             topics.metadata_bytes += metadata_len(record.metadata.as_deref());
             topics.by_name.insert(record.name.clone(), record);
         }
-        self.publish_cluster_id(&topics);
+        self.publish_to_readers(&topics);
         *self.topics.write().unwrap_or_else(|e| e.into_inner()) = topics;
         if let Some(applied) = &self.last_applied {
             self.feeds.notify_applied(applied.index);
@@ -148,12 +153,14 @@ impl StateMachine {
         Ok(())
     }
 
-    /// Hands the applied cluster id to readers: they check it on every Raft RPC, which must
-    /// not wait for the topic map's lock while an apply holds it. Set once, as the rules do.
-    fn publish_cluster_id(&self, topics: &Topics) {
+    /// Hands readers what they ask without the topic map's lock, which an apply holds: the
+    /// cluster id, checked on every Raft RPC (set once, as the rules do), and whether any node
+    /// claims to be short of disk room, checked on every publish.
+    fn publish_to_readers(&self, topics: &Topics) {
         if let Some(id) = &topics.cluster_id {
             let _ = self.cluster_id.set(id.clone());
         }
+        self.disk_short_count.store(topics.disk_short.len(), Ordering::Relaxed);
     }
 
     /// Recorded cursors per topic id, counted from the `cursors` column family (keys start
@@ -230,7 +237,7 @@ impl StateMachine {
             }
         }
         topics.deletions.clear();
-        self.publish_cluster_id(&topics);
+        self.publish_to_readers(&topics);
         drop(topics);
         drop(watchers);
         if let Some(applied) = &self.last_applied {

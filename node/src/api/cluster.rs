@@ -43,6 +43,10 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         peers = app.config.peers.iter().map(|(id, addr)| (*id, addr.clone())).collect();
     }
     peers.sort();
+    let short_of_disk = match app.reader.any_disk_short() {
+        true => app.claims_seen.fresh(&app.reader.disk_short_claims(), tokio::time::Instant::now().into_std(), 0),
+        false => Vec::new(),
+    };
     Json(json!({
         "node_id": format!("node-{}", app.id()),
         "version": crate::VERSION,
@@ -63,6 +67,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
         "role": role(m.state),
         "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
+        "nodes_short_of_disk": short_of_disk.iter().map(|id| format!("node-{id}")).collect::<Vec<_>>(),
     }))
 }
 
