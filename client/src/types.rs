@@ -34,6 +34,10 @@ pub struct ClusterInfo {
     /// (ext) The cluster's id, `None` until the node has applied it.
     #[serde(default)]
     pub cluster_id: Option<String>,
+    /// (ext) Nodes whose data dir is short of room (as `"node-N"`): while the leader lists
+    /// any, publishes and topic creations are refused with `507 insufficient_storage`.
+    #[serde(default)]
+    pub nodes_short_of_disk: Vec<String>,
 }
 
 /// `POST /topics/:name` (API.md §3).
