@@ -902,7 +902,7 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
 
 /// A node short of disk room (a reserve past any disk) makes the leader refuse topic creations
 /// `507 insufficient_storage`; cut off from the others, its claim is no longer renewed and
-/// lapses (30 s after it was last made, by the claiming node's clock), so the other two take
+/// lapses (30 s after the leader last saw it renewed, by the leader's own clock), so the other two take
 /// writes again: a node gone for good does not stop the cluster's writes for ever. Healed, it
 /// says so again and writes are refused again.
 #[test]

@@ -61,9 +61,10 @@ pub enum Request {
     CreateTopicLater { topic: String, metadata: Option<String>, retention: Retention, now_ms: u64 },
     /// Node `node_id` says its data dir is short of room (`short`), or has room again. While
     /// a node's claim is recent the leader refuses writes that make the data grow, so that a
-    /// follower with a smaller or fuller disk does not fill and stop. `now_ms` is the claiming
-    /// node's clock: a claim not renewed lapses, so that a node gone for good does not refuse
-    /// the cluster's writes for ever. Declared last, for the same reason as `AckBounded`.
+    /// follower with a smaller or fuller disk does not fill and stop. `now_ms`, the claiming
+    /// node's clock, only tells one claim from the next: each node times a claim's lapse by its
+    /// own clock from when it saw it, so that a node gone for good does not refuse the
+    /// cluster's writes for ever. Declared last, for the same reason as `AckBounded`.
     SetDiskShort { node_id: u64, short: bool, now_ms: u64 },
 }
 

@@ -56,8 +56,8 @@ pub struct Topics {
     pub cursor_counts: HashMap<u64, u64>,
     /// The cluster's id, once a `SetClusterId` was applied (persisted in `sm_meta`).
     pub cluster_id: Option<String>,
-    /// Nodes whose data dir is short of room, each with the time (its own clock, ms) it last
-    /// said so (persisted in `sm_meta`).
+    /// Nodes whose data dir is short of room, each with the stamp of its latest claim (its
+    /// own clock, ms; it tells one claim from the next) (persisted in `sm_meta`).
     pub disk_short: BTreeMap<u64, u64>,
     /// The bytes of every record's metadata (in memory only: summed when the state is loaded,
     /// then kept by the rules), for [`TOPICS_METADATA_BYTES_MAX`].
