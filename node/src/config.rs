@@ -61,9 +61,10 @@ pub struct Flags {
     #[arg(long, env = "PUBSUB_SNAPSHOT_LOGS", default_value_t = SNAPSHOT_LOGS_DEFAULT)]
     pub snapshot_logs: u64,
 
-    /// Bytes the data dir keeps free: while the leader's has less available, publishes and
-    /// topic creations are refused with 507 insufficient_storage (deletes, acks and
-    /// retention still run). 0 turns the check off.
+    /// Bytes the data dir keeps free, besides its newest snapshot's size: while the leader's
+    /// (or, as another node tells it, that node's) has less available, publishes and topic
+    /// creations are refused with 507 insufficient_storage (deletes, acks and retention still
+    /// run). 0 turns the check off.
     #[arg(long, env = "PUBSUB_MIN_FREE_BYTES", default_value_t = MIN_FREE_BYTES_DEFAULT)]
     pub min_free_bytes: u64,
 }

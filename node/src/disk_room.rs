@@ -168,7 +168,9 @@ pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
 /// Tells the cluster when this node's data dir becomes short of room (renewing the claim every
 /// [`DISK_SHORT_CLAIM_RENEW`] while it stays so) and when it has room again, checking every
 /// [`DISK_ROOM_REPORT_INTERVAL`]; meanwhile notes when other nodes' claims are seen, so that
-/// a node that comes to lead knows how old they are.
+/// a node that comes to lead knows how old they are. The leader withdraws claims it saw lapse
+/// (a node gone for good never withdraws its own; a node still short claims again at its next
+/// check), so that no stale claim refuses writes after the next leader change.
 pub async fn report(app: Weak<App>) {
     let mut interval = tokio::time::interval(DISK_ROOM_REPORT_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,7 +183,16 @@ pub async fn report(app: Weak<App>) {
         }
         let now = tokio::time::Instant::now();
         if app.reader.any_disk_short() {
-            app.claims_seen.fresh(&app.reader.disk_short_claims(), now.into_std(), app.id());
+            let claims = app.reader.disk_short_claims();
+            let fresh = app.claims_seen.fresh(&claims, now.into_std(), app.id());
+            if app.leadership() == crate::app::Leadership::Me {
+                for &node in claims.keys().filter(|&&node| node != app.id() && !fresh.contains(&node)) {
+                    let request = Request::SetDiskShort { node_id: node, short: false, now_ms: app.now_ms() };
+                    if let Err(e) = app.propose_anywhere(request).await {
+                        tracing::debug!(error = %e, node, "a lapsed disk claim not withdrawn yet; retrying");
+                    }
+                }
+            }
         }
         let short = app.disk_room.is_short();
         let claimed = app.reader.disk_short_claim(app.id()).is_some();

@@ -323,7 +323,6 @@ struct PublishAnswer<'a> {
     committed: bool,
 }
 
-/// Answers a publish of an id the topic already holds without a Raft write.
 /// The data dir's reserve, for a publish. One whose every message is already stored, or in
 /// flight on this node (a retry after an answer that could not confirm it), would store
 /// nothing new: it goes on, to be answered as the duplicate it is, so that its publisher
@@ -350,6 +349,7 @@ fn require_room(
     Ok(())
 }
 
+/// Answers a publish of an id the topic already holds without a Raft write.
 fn refuse_applied_duplicate(app: &SharedApp, topic_id: u64, id: &str) -> Result<(), ApiError> {
     match app.reader.dedup(topic_id, id)? {
         Some(existing) => {
