@@ -131,9 +131,9 @@ impl DiskRoom {
 pub struct ClaimsSeen(Mutex<BTreeMap<u64, (u64, Instant)>>);
 
 impl ClaimsSeen {
-    /// The nodes of `claims` (node → stamp) but `except` whose claim was seen at most
+    /// The nodes of `claims` (node → stamp), but `except`, whose claim was seen at most
     /// [`DISK_SHORT_CLAIM_LAPSE`] before `now`; a claim not seen before counts from `now`.
-    pub fn fresh(&self, claims: &BTreeMap<u64, u64>, now: Instant, except: u64) -> Vec<u64> {
+    pub fn fresh(&self, claims: &BTreeMap<u64, u64>, now: Instant, except: Option<u64>) -> Vec<u64> {
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         seen.retain(|node, _| claims.contains_key(node));
         let mut fresh = Vec::new();
@@ -142,7 +142,7 @@ impl ClaimsSeen {
             if *seen_stamp != stamp {
                 (*seen_stamp, *seen_at) = (stamp, now);
             }
-            if node != except && now.saturating_duration_since(*seen_at) <= DISK_SHORT_CLAIM_LAPSE {
+            if Some(node) != except && now.saturating_duration_since(*seen_at) <= DISK_SHORT_CLAIM_LAPSE {
                 fresh.push(node);
             }
         }
@@ -158,7 +158,7 @@ pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
         return Ok(());
     }
     let claims = app.reader.disk_short_claims();
-    let nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), app.id());
+    let nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), Some(app.id()));
     if nodes.is_empty() {
         return Ok(());
     }
@@ -184,7 +184,7 @@ pub async fn report(app: Weak<App>) {
         let now = tokio::time::Instant::now();
         if app.reader.any_disk_short() {
             let claims = app.reader.disk_short_claims();
-            let fresh = app.claims_seen.fresh(&claims, now.into_std(), app.id());
+            let fresh = app.claims_seen.fresh(&claims, now.into_std(), Some(app.id()));
             if app.leadership() == crate::app::Leadership::Me {
                 for &node in claims.keys().filter(|&&node| node != app.id() && !fresh.contains(&node)) {
                     let request = Request::SetDiskShort { node_id: node, short: false, now_ms: app.now_ms() };
@@ -267,16 +267,16 @@ mod tests {
         let at = |secs| start + Duration::from_secs(secs);
         let lapse = DISK_SHORT_CLAIM_LAPSE.as_secs();
         let claims = BTreeMap::from([(2, 100), (3, 5)]);
-        assert_eq!(seen.fresh(&claims, at(0), 1), vec![2, 3]);
-        assert_eq!(seen.fresh(&claims, at(0), 3), vec![2], "the asking node's own claim is left out");
+        assert_eq!(seen.fresh(&claims, at(0), Some(1)), vec![2, 3]);
+        assert_eq!(seen.fresh(&claims, at(0), Some(3)), vec![2], "the asking node's own claim is left out");
         // Node 2 renews (a new stamp, whatever its clock says), node 3 does not.
         let renewed = BTreeMap::from([(2, 90), (3, 5)]);
-        assert_eq!(seen.fresh(&renewed, at(lapse - 5), 1), vec![2, 3]);
-        assert_eq!(seen.fresh(&renewed, at(lapse + 1), 1), vec![2], "node 3's claim lapsed");
-        assert_eq!(seen.fresh(&renewed, at(2 * lapse), 1), Vec::<u64>::new());
+        assert_eq!(seen.fresh(&renewed, at(lapse - 5), Some(1)), vec![2, 3]);
+        assert_eq!(seen.fresh(&renewed, at(lapse + 1), Some(1)), vec![2], "node 3's claim lapsed");
+        assert_eq!(seen.fresh(&renewed, at(2 * lapse), Some(1)), Vec::<u64>::new());
         // A claim withdrawn and made again counts from when it is seen again.
-        assert_eq!(seen.fresh(&BTreeMap::new(), at(2 * lapse), 1), Vec::<u64>::new());
-        assert_eq!(seen.fresh(&claims, at(2 * lapse + 1), 1), vec![2, 3]);
+        assert_eq!(seen.fresh(&BTreeMap::new(), at(2 * lapse), Some(1)), Vec::<u64>::new());
+        assert_eq!(seen.fresh(&claims, at(2 * lapse + 1), Some(1)), vec![2, 3]);
     }
 
     #[test]

@@ -141,10 +141,7 @@ impl ApiError {
                 body["details"] =
                     json!({"available_bytes": available, "needed_bytes": needed, "min_free_bytes": reserve})
             }
-            Self::NodesShortOfStorage { nodes } => {
-                let nodes: Vec<String> = nodes.iter().map(|id| format!("node-{id}")).collect();
-                body["details"] = json!({"nodes": nodes})
-            }
+            Self::NodesShortOfStorage { nodes } => body["details"] = json!({"nodes": node_names(nodes)}),
             _ => {}
         }
         body
@@ -195,9 +192,14 @@ impl ApiError {
     }
 }
 
+/// Node ids as JSON names them: `["node-1", "node-2"]`.
+pub(crate) fn node_names<'a>(ids: impl IntoIterator<Item = &'a u64>) -> Vec<String> {
+    ids.into_iter().map(|id| format!("node-{id}")).collect()
+}
+
 /// `node-1, node-2` for messages.
 pub(crate) fn node_list<'a>(ids: impl IntoIterator<Item = &'a u64>) -> String {
-    ids.into_iter().map(|id| format!("node-{id}")).collect::<Vec<_>>().join(", ")
+    node_names(ids).join(", ")
 }
 
 /// `text` cut to its first `chars` characters, marked `…` when cut.

@@ -371,10 +371,10 @@ pub const DISK_ROOM_RESUME_MARGIN_BYTES: u64 = 64 * 1024 * 1024;
 pub const DISK_ROOM_RECHECK: Duration = Duration::from_millis(100);
 /// How often a node compares its data dir's room with what the cluster was told of it.
 pub const DISK_ROOM_REPORT_INTERVAL: Duration = Duration::from_secs(1);
-/// A node short of room says so again this often, and the leader counts a claim this long
-/// after it saw it (by its own monotonic clock): a node gone for good must not refuse the
-/// cluster's writes for ever.
+/// A node short of room says so again this often.
 pub const DISK_SHORT_CLAIM_RENEW: Duration = Duration::from_secs(10);
+/// The leader counts a claim this long after it saw it (by its own monotonic clock), then
+/// withdraws it: a node gone for good must not refuse the cluster's writes for ever.
 pub const DISK_SHORT_CLAIM_LAPSE: Duration = Duration::from_secs(30);
 /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
 /// from the log instead of a snapshot.

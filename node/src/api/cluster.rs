@@ -44,7 +44,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     }
     peers.sort();
     let short_of_disk = match app.reader.any_disk_short() {
-        true => app.claims_seen.fresh(&app.reader.disk_short_claims(), tokio::time::Instant::now().into_std(), 0),
+        true => app.claims_seen.fresh(&app.reader.disk_short_claims(), tokio::time::Instant::now().into_std(), None),
         false => Vec::new(),
     };
     Json(json!({
@@ -67,7 +67,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
         "role": role(m.state),
         "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
-        "nodes_short_of_disk": short_of_disk.iter().map(|id| format!("node-{id}")).collect::<Vec<_>>(),
+        "nodes_short_of_disk": crate::error::node_names(&short_of_disk),
     }))
 }
 
