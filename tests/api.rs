@@ -1486,3 +1486,52 @@ async fn a_node_short_of_disk_refuses_growing_writes_with_507_until_it_has_room(
     // Nothing refused took a sequence.
     assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
 }
+
+/// `POST /cluster/members` and `DELETE /cluster/members/{id}` refuse what they cannot do with
+/// the documented error bodies, and change nothing: bad bodies and ids, an address or id that
+/// contradicts the membership, a node that is no member, the last voter; a voter re-added at
+/// its address is no change. A follower redirects them to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_refuse_what_they_cannot_do() {
+    let c = Cluster::start(Options { nodes: 1, secret: None, ..Default::default() }).await;
+    let l = leader_url(&c).await;
+    let members = format!("{l}/cluster/members");
+    for (body, code) in [
+        (json!({}), "invalid_request"),
+        (json!({"id": 0, "address": "127.0.0.1:1"}), "invalid_request"),
+        (json!({"id": "node-x", "address": "127.0.0.1:1"}), "invalid_request"),
+        (json!({"id": 2, "address": "no-port"}), "invalid_request"),
+        (json!({"id": 2, "address": "127.0.0.1:1", "extra": true}), "invalid_request"),
+        (json!({"id": 2, "address": c.nodes[0].addr}), "member_conflict"),
+        (json!({"id": 1, "address": "127.0.0.1:1"}), "member_conflict"),
+    ] {
+        let r = post(&members, &body).await.unwrap();
+        let status = if code == "member_conflict" { 409 } else { 400 };
+        assert!(r.status == status && is_error_body(&r.body, code), "{body}: {r:?}");
+    }
+    let r = post(&members, &json!({"id": "node-1", "address": c.nodes[0].addr})).await.unwrap();
+    assert_eq!((r.status, &r.body["changed"]), (200, &json!(false)), "{r:?}");
+    assert_eq!(
+        r.body["members"],
+        json!([{"node_id": "node-1", "address": c.nodes[0].addr,
+        "client_address": c.nodes[0].addr, "role": "voter"}])
+    );
+    let r = delete(&format!("{members}/7")).await.unwrap();
+    assert!(r.status == 404 && is_error_body(&r.body, "not_found"), "{r:?}");
+    let r = delete(&format!("{members}/abc")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    let r = delete(&format!("{members}/1")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "the last voter: {r:?}");
+    let info = c.cluster_info(0).await.unwrap();
+    assert_eq!(info["members"].as_array().map(Vec::len), Some(1), "{info}");
+    assert_eq!(info["leader_id"], "node-1");
+
+    // A follower of a three-node cluster redirects a change; with a secret, one without it is refused.
+    let c = Cluster::start(Options::default()).await;
+    let f = follower_url(&c).await;
+    let r = post(&format!("{f}/cluster/members"), &json!({"id": 4, "address": "127.0.0.1:1"})).await.unwrap();
+    assert!(r.status == 401 && is_error_body(&r.body, "unauthorized"), "{r:?}");
+    let request = http::client().delete(format!("{f}/cluster/members/4")).bearer_auth(c.secret().unwrap());
+    let r = http::send(request).await.unwrap();
+    assert!(r.status == 307 && is_error_body(&r.body, "not_leader"), "{r:?}");
+}

@@ -317,6 +317,7 @@ fn pubsub_command(args: &[&str]) -> tokio::process::Command {
     cmd.args(args)
         .env_remove("PUBSUB_SERVER")
         .env_remove("PUBSUB_ATTEMPTS")
+        .env_remove("PUBSUB_CLUSTER_SECRET")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -343,6 +344,41 @@ async fn pubsub(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `pubsub cluster add|remove`: refused without the cluster's secret (exit 1), then a node
+/// started with `--join` is added (a voter, listed by `pubsub cluster`) and removed, and a second
+/// removal is refused as no member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_adds_and_removes_a_member() {
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    let secret = c.secret().expect("a secret").to_string();
+    let new = c.start_joining_node();
+    let (url, addr) = (c.url(0), c.nodes[new].addr.clone());
+    let (code, _, err) = pubsub(&["-s", &url, "cluster", "add", "2", &addr], None).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unauthorized"), "{err}");
+    let add = ["-s", &url, "cluster", "add", "node-2", &addr, "--cluster-secret", &secret];
+    let (code, out, err) = pubsub(&add, None).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("node-2 is a voter"), "{out}");
+    let (code, out, err) = pubsub(&["-s", &c.url(new), "--json", "cluster"], None).await;
+    assert_eq!(code, 0, "{err}");
+    let info: Value = serde_json::from_str(out.trim()).expect("JSON");
+    let roles: Vec<(&str, &str)> = info["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| (m["node_id"].as_str().unwrap(), m["role"].as_str().unwrap()))
+        .collect();
+    assert_eq!(roles, [("node-1", "voter"), ("node-2", "voter")], "{info}");
+    let remove = ["-s", &url, "cluster", "remove", "2", "--cluster-secret", &secret];
+    let (code, out, err) = pubsub(&remove, None).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("node-2 was removed"), "{out}");
+    let (code, _, err) = pubsub(&remove, None).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not_found") && err.contains("node-2 is not a member"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

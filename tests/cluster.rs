@@ -879,3 +879,104 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     .await;
     assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
 }
+
+/// Sends a membership change to node 0 with the cluster's secret, following redirects to the
+/// leader and retrying while no leader is known or another change is in progress.
+async fn change_members(c: &Cluster, request: impl Fn(&str) -> reqwest::RequestBuilder) -> pubsub_tests::http::Reply {
+    let mut target = c.url(0);
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    loop {
+        let mut builder = request(&target).timeout(Duration::from_secs(90));
+        if let Some(secret) = c.secret() {
+            builder = builder.bearer_auth(secret);
+        }
+        let r = pubsub_tests::http::send(builder).await.expect("the node answers");
+        match r.status {
+            307 => target = format!("http://{}", r.body["leader_address"].as_str().expect("a leader named")),
+            503 if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => return r,
+        }
+    }
+}
+
+/// `node-N` → role, from a membership answer or `/cluster`.
+fn roles(body: &Value) -> HashMap<String, String> {
+    let members = body["members"].as_array().expect("members listed");
+    members.iter().map(|m| (m["node_id"].as_str().unwrap().into(), m["role"].as_str().unwrap().into())).collect()
+}
+
+/// Membership changes through `/cluster/members` while publishes go on: a node started with
+/// `--join` does not start a cluster of its own, is added (it catches up, then votes), then the
+/// leader removes itself and the others elect a new leader among them. No acknowledged publish
+/// is lost, every member serves the same log, and a node of the first membership starts again
+/// with its now stale `--peers` (warned about, not refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_added_and_the_leader_removed_under_load_without_losing_a_publish() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let load = spawn_load(&c, "t", 2);
+    wait_acks(&load.acked, 50).await;
+
+    let new = c.start_joining_node();
+    let (new_id, new_addr) = (c.nodes[new].id, c.nodes[new].addr.clone());
+    let info = wait_until("the joining node answers", CONVERGE, || c.cluster_info(new)).await;
+    assert!(info["cluster_id"].is_null() && info["leader_id"].is_null(), "it formed a cluster of its own: {info}");
+
+    let add = |id: u64, address: &str| {
+        let body = json!({"id": id, "address": address});
+        move |url: &str| pubsub_tests::http::client().post(format!("{url}/cluster/members")).json(&body)
+    };
+    let unauthorized = pubsub_tests::http::send(add(new_id, &new_addr)(&c.url(0))).await.unwrap();
+    assert_eq!(unauthorized.status, 401, "{unauthorized:?}");
+    let added = change_members(&c, add(new_id, &new_addr)).await;
+    assert_eq!(added.status, 200, "{added:?}");
+    assert_eq!(added.body["changed"], true);
+    let new_name = format!("node-{new_id}");
+    let expected: HashMap<String, String> =
+        (1..=new_id).map(|id| (format!("node-{id}"), "voter".to_string())).collect();
+    assert_eq!(roles(&added.body), expected);
+    let again = change_members(&c, add(new_id, &new_addr)).await;
+    assert_eq!((again.status, &again.body["changed"]), (200, &json!(false)), "{again:?}");
+    let taken = change_members(&c, add(new_id + 1, &new_addr)).await;
+    assert_eq!((taken.status, &taken.body["error"]), (409, &json!("member_conflict")), "{taken:?}");
+    let moved = change_members(&c, add(new_id, "127.0.0.1:9")).await;
+    assert_eq!((moved.status, &moved.body["error"]), (409, &json!("member_conflict")), "{moved:?}");
+
+    // The new node follows the leader and serves what was published before it joined.
+    let before = load.acked_count();
+    wait_acks(&load.acked, before + 50).await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let leader_name = format!("node-{}", c.nodes[leader].id);
+    assert_ne!(leader, new, "a node just added leads");
+    assert_eq!(roles(&c.cluster_info(new).await.unwrap()), expected);
+
+    let removed = change_members(&c, |url| {
+        pubsub_tests::http::client().delete(format!("{url}/cluster/members/{}", c.nodes[leader].id))
+    })
+    .await;
+    assert_eq!(removed.status, 200, "{removed:?}");
+    assert!(!roles(&removed.body).contains_key(&leader_name), "{removed:?}");
+    assert!(roles(&removed.body).contains_key(&new_name), "{removed:?}");
+    wait_until("a leader among the remaining members", CONVERGE, || async {
+        let leader = c.cluster_info(new).await?["leader_id"].as_str()?.to_string();
+        (leader != leader_name).then_some(())
+    })
+    .await;
+    c.terminate(leader);
+    let before = load.acked_count();
+    wait_acks(&load.acked, before + 50).await;
+    let acked = load.finish().await;
+    assert_converged(&c, "t", &acked).await;
+
+    // A node of the first membership, started again with the --peers it had.
+    let stale = (0..3).find(|&i| i != leader).unwrap();
+    c.terminate(stale);
+    c.restart(stale);
+    wait_until("the node with stale --peers is ready", CONVERGE, || async {
+        (get(&format!("{}/ready", c.url(stale))).await.ok()?.status == 200).then_some(())
+    })
+    .await;
+    let mut acked = acked;
+    publish_each(&c, "after-", 0..5, &mut acked).await;
+    assert_converged(&c, "t", &acked).await;
+}

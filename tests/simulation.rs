@@ -66,6 +66,7 @@ fn node_config(i: usize, nodes: usize, dir: &std::path::Path) -> Config {
         // The host's free space would make a seed's outcome depend on the machine.
         min_free_bytes: 0,
         io_mode: raft_store::IoMode::Inline,
+        join: false,
     }
 }
 
@@ -996,6 +997,196 @@ fn the_claim_of_a_node_short_of_disk_lapses_while_it_is_cut_off() {
     let latest = DISK_SHORT_CLAIM_LAPSE + Duration::from_secs(5);
     assert!((earliest..=latest).contains(&resumed_after), "writes resumed {resumed_after:?} after the cut");
     assert_eq!(refused_again["error"], "insufficient_storage", "{refused_again}");
+}
+
+/// Membership changes while a voter is cut off, under a publish load: a fourth node started
+/// with `--join` is added (each step of the joint configuration commits with the two voters left
+/// and the new one), then the cut-off voter is removed, and healed. The removed node, which never
+/// learned of its removal and so still believes itself a voter, cannot unseat the leader: it
+/// stands only after a pre-vote, which the members refuse while they hear their leader (Raft's
+/// disruptive removed server). Every acknowledged publish is on every member, the removed node
+/// holds a prefix of their log, and the history checker finds nothing.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_node_is_added_and_a_cut_off_voter_removed_without_losing_a_publish() {
+    const HOSTS: usize = 4;
+    const JOINING: usize = 3;
+    const MESSAGES: usize = 300;
+    /// After the heal: several of the removed node's election timeouts (500–1000 ms).
+    const SETTLE: Duration = Duration::from_secs(5);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(11);
+    add_nodes_configured(&mut sim, HOSTS, dir.path(), |i, config| {
+        // No secret: the membership endpoints take the sim's plain requests.
+        config.cluster_secret = None;
+        if i == JOINING {
+            config.join = true;
+            config.peers = BTreeMap::from([(i as u64 + 1, config.advertise.clone())]);
+        } else {
+            config.peers.remove(&(JOINING as u64 + 1));
+        }
+    });
+    let history = Arc::new(Mutex::new(History::default()));
+    let cut: Arc<Mutex<Option<usize>>> = Arc::default();
+    let (cut_made, heal_asked, healed, done) = (
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+        Arc::<AtomicBool>::default(),
+    );
+    /// The addition's and the removal's answers, the members' term after the heal, and every
+    /// host's `/cluster` at the end.
+    type Outcome = ((u16, Value), (u16, Value), u64, Vec<Value>);
+    let outcome: Arc<Mutex<Option<Outcome>>> = Arc::default();
+    {
+        let history = history.clone();
+        let done = done.clone();
+        sim.client("publisher", async move {
+            let leader_hint = Mutex::new(0usize);
+            for attempt in 0..600usize {
+                if let Ok((201 | 200, _)) = request(&host(attempt % 3), "POST", &format!("/topics/{TOPIC}"), None).await
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            for n in 0..MESSAGES {
+                let id = format!("m{n}");
+                let seq = publish(HOSTS, &id, n, &leader_hint).await.expect("acknowledged");
+                history.lock().unwrap().acked.insert(id, seq);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            done.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+    }
+    {
+        let (cut, cut_made, heal_asked, healed, done, outcome) =
+            (cut.clone(), cut_made.clone(), heal_asked.clone(), healed.clone(), done.clone(), outcome.clone());
+        sim.client("operator", async move {
+            /// A membership change sent to whichever of `nodes` leads, until it is answered
+            /// other than "no leader" or "in progress".
+            async fn change(nodes: &[usize], method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+                loop {
+                    if let Some((leader, _)) = agreed_leader(nodes.iter().copied()).await {
+                        match request(&host(leader), method, path, body).await {
+                            Ok((503 | 307, _)) | Err(_) => {}
+                            Ok(answer) => return answer,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let (leader, _) = loop {
+                if let Some(found) = agreed_leader(0..3).await {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let victim = (leader + 1) % 3;
+            let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+            *cut.lock().unwrap() = Some(victim);
+            while !cut_made.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let joining = json!({"id": JOINING + 1, "address": format!("{}:8080", host(JOINING))});
+            let added = change(&others, "POST", "/cluster/members", Some(&joining)).await;
+            let removed = change(&others, "DELETE", &format!("/cluster/members/{}", victim + 1), None).await;
+            heal_asked.store(true, Ordering::SeqCst);
+            while !healed.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let members: Vec<usize> = others.iter().copied().chain([JOINING]).collect();
+            let (_, term) = loop {
+                if let Some(found) = agreed_leader(members.iter().copied()).await {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            tokio::time::sleep(SETTLE).await;
+            while !done.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let mut after = Vec::new();
+            for i in 0..HOSTS {
+                after.push(request(&host(i), "GET", "/cluster", None).await.map(|(_, v)| v).unwrap_or(Value::Null));
+            }
+            *outcome.lock().unwrap() = Some((added, removed, term, after));
+            Ok(())
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        let victim = *cut.lock().unwrap();
+        if let Some(victim) = victim {
+            if !cut_made.swap(true, Ordering::SeqCst) {
+                cut_off(&mut sim, HOSTS, victim);
+            }
+            if heal_asked.load(Ordering::SeqCst) && !healed.swap(true, Ordering::SeqCst) {
+                heal(&mut sim, HOSTS, victim);
+            }
+        }
+    }
+    let (added, removed, term, after) = outcome.lock().unwrap().clone().expect("the scenario ran to its end");
+    let victim = cut.lock().unwrap().expect("a voter was cut off");
+    assert_eq!(added.0, 200, "{added:?}");
+    assert_eq!(removed.0, 200, "{removed:?}");
+    let roles = |body: &Value| -> BTreeMap<String, String> {
+        body["members"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|m| (m["node_id"].as_str().unwrap_or("").into(), m["role"].as_str().unwrap_or("").into()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let members: BTreeSet<usize> = (0..HOSTS).filter(|&i| i != victim).collect();
+    let expected: BTreeMap<String, String> =
+        members.iter().map(|i| (format!("node-{}", i + 1), "voter".to_string())).collect();
+    assert_eq!(roles(&added.1).get(&format!("node-{}", JOINING + 1)).map(String::as_str), Some("voter"), "{added:?}");
+    assert_eq!(roles(&removed.1), expected, "{removed:?}");
+    // Cut off through its removal, it still counts itself a voter: the case that matters.
+    let victim_name = format!("node-{}", victim + 1);
+    assert_eq!(roles(&after[victim]).get(&victim_name).map(String::as_str), Some("voter"), "{after:?}");
+    for &i in &members {
+        assert_eq!(after[i]["raft_term"], json!(term), "the removed node raised a member's term: {after:?}");
+        assert_eq!(roles(&after[i]), expected, "{after:?}");
+    }
+
+    // Every member serves the whole log; the removed node a prefix of it.
+    let logs = Arc::new(Mutex::new(BTreeMap::new()));
+    {
+        let (logs, expect) = (logs.clone(), history.lock().unwrap().acked.len());
+        let members = members.clone();
+        sim.client("checker", async move {
+            for _ in 0..300 {
+                let mut all = BTreeMap::new();
+                for i in 0..HOSTS {
+                    if let Some(log) = read_log(i).await {
+                        all.insert(host(i), log);
+                    }
+                }
+                let full =
+                    members.iter().all(|&i| all.get(&host(i)).is_some_and(|l: &Vec<(u64, String)>| l.len() >= expect));
+                *logs.lock().unwrap() = all;
+                if full {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(())
+        });
+    }
+    sim.run().expect("checker");
+    let mut history = history.lock().unwrap().clone();
+    history.logs = logs.lock().unwrap().clone();
+    assert_eq!(history.acked.len(), MESSAGES);
+    for &i in &members {
+        assert!(history.logs.get(&host(i)).is_some_and(|l| l.len() >= MESSAGES), "{} is short", host(i));
+    }
+    let violations = history.check();
+    assert!(violations.is_empty(), "violations: {violations:?}");
 }
 
 /// The next answer on a publishing socket, as JSON (pings and pongs skipped).

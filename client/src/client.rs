@@ -13,8 +13,9 @@ use crate::error::{Error, ErrorCode};
 use crate::limits;
 use crate::retry::RetryPolicy;
 use crate::types::{
-    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, ForgottenCursor, MessagePage,
-    NewMessage, PublishAck, RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList, TopicSummary,
+    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, ForgottenCursor, Membership,
+    MessagePage, NewMessage, PublishAck, RawBatchAck, SubscriberInfo, SubscriberList, TopicInfo, TopicList,
+    TopicSummary,
 };
 
 /// Everything a [`Client`] can be tuned with. Build it with [`ClientBuilder`], or start from
@@ -326,6 +327,28 @@ impl Client {
         let info: ClusterInfo = reply.parse()?;
         self.learn(&info);
         Ok(info)
+    }
+
+    /// (ext) Adds node `id`, reached by peers at `address` (its `--advertise`), to the
+    /// cluster: as a learner until it holds the leader's log, then as a voter. Start the node
+    /// first, with `--join`. Idempotent: a voter already at that address answers
+    /// `changed: false`. `cluster_secret` is the cluster's `--cluster-secret`, when it has one.
+    pub async fn add_member(&self, id: u64, address: &str, cluster_secret: Option<&str>) -> Result<Membership, Error> {
+        let mut call = Call::new(Method::POST, &["cluster", "members"], true)
+            .json_body(&serde_json::json!({"id": id, "address": address}))?;
+        call.secret = cluster_secret.map(str::to_string);
+        // The node waits for the learner to catch up before answering.
+        call.extra_timeout = limits::MEMBER_CHANGE_WAIT;
+        self.execute(&call).await?.parse()
+    }
+
+    /// (ext) Removes node `id` from the cluster (a voter or a learner). A leader removing
+    /// itself steps down once the change has committed.
+    pub async fn remove_member(&self, id: u64, cluster_secret: Option<&str>) -> Result<Membership, Error> {
+        let mut call = Call::new(Method::DELETE, &["cluster", "members", &id.to_string()], true);
+        call.secret = cluster_secret.map(str::to_string);
+        call.extra_timeout = limits::MEMBER_CHANGE_WAIT;
+        self.execute(&call).await?.parse()
     }
 
     /// Creates a topic; idempotent (`created: false` when it existed). `metadata` is stored as

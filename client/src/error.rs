@@ -33,7 +33,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// `408`: the request body did not arrive within the server's body timeout.
     RequestTimeout,
-    /// `401`: the Raft endpoint without the cluster secret (the client API has none).
+    /// `401`: the Raft endpoint or a membership change without the cluster secret, when the
+    /// cluster has one (the rest of the client API has none).
     Unauthorized,
     /// `403`: the Raft endpoint reached by a node of another cluster.
     WrongCluster,
@@ -53,6 +54,9 @@ pub enum ErrorCode {
     /// `507`: the leader's data dir is below its free-space reserve (`--min-free-bytes`);
     /// nothing was stored. Not retried: it lasts until an operator makes room.
     InsufficientStorage,
+    /// `409`: (ext) a membership change that contradicts the membership (an id at another
+    /// address, an address another node has).
+    MemberConflict,
     /// `500`: a storage or internal failure, logged on the node.
     Internal,
     /// A code this client does not know, or `http_<status>` when the body had none
@@ -83,6 +87,7 @@ impl ErrorCode {
             "not_found" => ErrorCode::NotFound,
             "method_not_allowed" => ErrorCode::MethodNotAllowed,
             "insufficient_storage" => ErrorCode::InsufficientStorage,
+            "member_conflict" => ErrorCode::MemberConflict,
             "internal" => ErrorCode::Internal,
             other => ErrorCode::Other(other.to_string()),
         }
@@ -110,6 +115,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::MemberConflict => "member_conflict",
             ErrorCode::Internal => "internal",
             ErrorCode::Other(other) => other,
         }
@@ -123,7 +129,7 @@ impl ErrorCode {
             ErrorCode::NotLeader => 307,
             ErrorCode::NoLeader => 503,
             ErrorCode::TopicNotFound => 404,
-            ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateMessageId => 409,
+            ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateMessageId | ErrorCode::MemberConflict => 409,
             ErrorCode::InvalidCursor | ErrorCode::InvalidRequest | ErrorCode::InvalidTopicName => 400,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RequestTimeout => 408,
@@ -404,6 +410,7 @@ mod tests {
             "not_found",
             "method_not_allowed",
             "insufficient_storage",
+            "member_conflict",
             "internal",
         ] {
             let parsed = ErrorCode::parse(code);
@@ -432,6 +439,7 @@ mod tests {
             ("wrong_cluster", 403),
             ("internal", 500),
             ("insufficient_storage", 507),
+            ("member_conflict", 409),
             ("brand_new", 500),
         ] {
             assert_eq!(ErrorCode::parse(code).http_status(), status, "{code}");

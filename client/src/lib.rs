@@ -63,6 +63,6 @@ pub use publisher::Publisher;
 pub use retry::RetryPolicy;
 pub use subscription::{Acker, Event, SubscribeOptions, Subscription};
 pub use types::{
-    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, ForgottenCursor, Message, MessagePage,
-    NewMessage, PublishAck, SubscriberInfo, TopicInfo, TopicSummary,
+    AckMode, BatchAck, BatchItem, ClusterInfo, CreateTopicAck, DeleteTopicAck, ForgottenCursor, Member, Membership,
+    Message, MessagePage, NewMessage, PublishAck, SubscriberInfo, TopicInfo, TopicSummary,
 };

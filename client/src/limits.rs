@@ -56,6 +56,10 @@ pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
 /// Wall-clock budget of one operation across all its attempts.
 pub const OPERATION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
+/// Added to a membership change's request timeout and budget: the node waits up to 60 s for a
+/// new learner to catch up, then up to 10 s for each of the change's two configurations.
+pub const MEMBER_CHANGE_WAIT: Duration = Duration::from_secs(80);
+
 /// First backoff step; doubled on each retry up to [`BACKOFF_MAX_DEFAULT`].
 pub const BACKOFF_INITIAL_DEFAULT: Duration = Duration::from_millis(50);
 

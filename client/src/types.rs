@@ -38,6 +38,33 @@ pub struct ClusterInfo {
     /// any, publishes and topic creations are refused with `507 insufficient_storage`.
     #[serde(default)]
     pub nodes_short_of_disk: Vec<String>,
+    /// (ext) Every member, voters and learners, ordered by id.
+    #[serde(default)]
+    pub members: Vec<Member>,
+}
+
+/// (ext) A member of the cluster, in `/cluster` and the answers of membership changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// `"node-N"`.
+    pub node_id: String,
+    /// Its Raft address, as the membership records it.
+    pub address: String,
+    /// Where clients reach it (its `--client-addresses` entry, else `address`).
+    pub client_address: String,
+    /// `voter` | `learner`.
+    pub role: String,
+}
+
+/// (ext) The answer to `POST /cluster/members` and `DELETE /cluster/members/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    /// Every member after the change.
+    pub members: Vec<Member>,
+    /// False when nothing had to change (the node was a voter at that address already).
+    pub changed: bool,
+    /// The log index of the membership.
+    pub raft_index: u64,
 }
 
 /// `POST /topics/:name` (API.md §3).

@@ -67,6 +67,11 @@ pub struct Flags {
     /// run). 0 turns the check off.
     #[arg(long, env = "PUBSUB_MIN_FREE_BYTES", default_value_t = MIN_FREE_BYTES_DEFAULT)]
     pub min_free_bytes: u64,
+
+    /// Join a running cluster: never initialize one, even on an empty data dir, and wait for
+    /// its leader to add this node (POST /cluster/members on any node).
+    #[arg(long, env = "PUBSUB_JOIN")]
+    pub join: bool,
 }
 
 /// A validated configuration.
@@ -88,6 +93,8 @@ pub struct Config {
     pub min_free_bytes: u64,
     /// How log appends are fsynced (a syncer thread in production; inline in the simulation).
     pub io_mode: raft_store::IoMode,
+    /// `--join`: this node waits to be added to a running cluster and never initializes one.
+    pub join: bool,
 }
 
 /// A configuration error, printed as one line.
@@ -193,19 +200,21 @@ impl Config {
             snapshot_logs: flags.snapshot_logs,
             min_free_bytes: flags.min_free_bytes,
             io_mode: raft_store::IoMode::Background,
+            join: flags.join,
         })
     }
 
-    /// The node that initializes a fresh cluster: the smallest id in `--peers`.
+    /// The node that initializes a fresh cluster: the smallest id in `--peers`, unless it was
+    /// started to `--join` a running one.
     pub fn is_bootstrapper(&self) -> bool {
-        self.peers.keys().next() == Some(&self.id)
+        !self.join && self.peers.keys().next() == Some(&self.id)
     }
 }
 
 /// `HOST:PORT` where HOST is a name or IPv4 address, or an IPv6 address in brackets: what the
 /// node puts after `ws://` and `http://`. Checked at start-up because a bootstrapper stores the
 /// addresses in its log, and a bad one would be dialled, and fail, for the cluster's life.
-fn is_host_port(s: &str) -> bool {
+pub fn is_host_port(s: &str) -> bool {
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
     };
@@ -216,20 +225,22 @@ fn is_host_port(s: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
+/// A node id as `N` or `node-N`, N ≥ 1; the error says why not.
+pub fn parse_node_id(text: &str) -> Result<u64, String> {
+    match text.trim().trim_start_matches("node-").parse::<u64>() {
+        Ok(0) => Err("node ids start at 1".into()),
+        Ok(id) => Ok(id),
+        Err(_) => Err(format!("{text:?} is not a node id")),
+    }
+}
+
 /// Parses `ID=HOST:PORT,...`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
     let mut peers: BTreeMap<u64, String> = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) =
             part.split_once('=').ok_or_else(|| ConfigError::Peers(format!("{part:?} is not ID=HOST:PORT")))?;
-        let id: u64 = id
-            .trim()
-            .trim_start_matches("node-")
-            .parse()
-            .map_err(|_| ConfigError::Peers(format!("{id:?} is not a node id")))?;
-        if id == 0 {
-            return Err(ConfigError::Peers("node ids start at 1".into()));
-        }
+        let id = parse_node_id(id).map_err(ConfigError::Peers)?;
         let addr = addr.trim();
         if !is_host_port(addr) {
             return Err(ConfigError::Peers(format!("{addr:?} is not HOST:PORT")));
@@ -293,6 +304,24 @@ mod tests {
         for bad in ["4=h:1", "1=nohost", "x=h:1"] {
             let refused = Config::from_flags(flags(&[&peers[..], &["--client-addresses", bad]].concat()));
             assert!(matches!(refused, Err(ConfigError::ClientAddresses(_))), "{bad}: {refused:?}");
+        }
+    }
+
+    #[test]
+    fn a_joining_node_never_initializes_a_cluster() {
+        let alone = Config::from_flags(flags(&["--id", "4", "--advertise", "h:4", "--join"])).unwrap();
+        assert_eq!(alone.peers, BTreeMap::from([(4, "h:4".to_string())]));
+        assert!(alone.join && !alone.is_bootstrapper(), "alone in its --peers, it would have started a cluster");
+        let first = Config::from_flags(flags(&["--id", "1", "--peers", "1=a:1,2=b:2", "--join"])).unwrap();
+        assert!(!first.is_bootstrapper());
+    }
+
+    #[test]
+    fn node_ids_are_n_or_node_n_from_1() {
+        assert_eq!(parse_node_id("4"), Ok(4));
+        assert_eq!(parse_node_id(" node-12 "), Ok(12));
+        for bad in ["0", "node-0", "", "node-", "x", "-1", "4.0"] {
+            assert!(parse_node_id(bad).is_err(), "{bad:?}");
         }
     }
 

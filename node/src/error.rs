@@ -69,6 +69,19 @@ pub enum ApiError {
         node_list(nodes)
     )]
     NodesShortOfStorage { nodes: Vec<u64> },
+    /// A membership change that contradicts the membership (an id at another address, an
+    /// address another node has).
+    #[error("{0}")]
+    MemberConflict(String),
+    #[error("node-{0} is not a member of this cluster")]
+    MemberNotFound(u64),
+    /// A learner added by `POST /cluster/members` that has not caught up yet: it stays a
+    /// learner, and the same request again goes on waiting.
+    #[error(
+        "node-{node} was added as a learner but has not caught up with the leader's log within {secs} s; it stays \
+         a learner: send the same request again to wait on and then make it a voter, or remove it"
+    )]
+    MemberCatchingUp { node: u64, secs: u64 },
     #[error("internal error: {0}")]
     Internal(String),
     /// `cause`, a failure after which a publish may still commit, naming the message's id
@@ -95,15 +108,18 @@ impl ApiError {
             Self::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::WrongCluster { .. } => (StatusCode::FORBIDDEN, "wrong_cluster"),
-            Self::RaftTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
+            Self::RaftTimeout(_) | Self::MemberCatchingUp { .. } => (StatusCode::GATEWAY_TIMEOUT, "raft_timeout"),
             Self::NotCommitted(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not_committed"),
-            Self::NotFound(_) | Self::CursorNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Self::NotFound(_) | Self::CursorNotFound { .. } | Self::MemberNotFound(_) => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             Self::InsufficientStorage { .. } | Self::NodesShortOfStorage { .. } => {
                 (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
             }
+            Self::MemberConflict(_) => (StatusCode::CONFLICT, "member_conflict"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -142,6 +158,7 @@ impl ApiError {
                     json!({"available_bytes": available, "needed_bytes": needed, "min_free_bytes": reserve})
             }
             Self::NodesShortOfStorage { nodes } => body["details"] = json!({"nodes": node_names(nodes)}),
+            Self::MemberCatchingUp { node, .. } => body["details"] = json!({"node_id": format!("node-{node}")}),
             _ => {}
         }
         body

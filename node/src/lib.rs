@@ -238,21 +238,33 @@ async fn core_stopped(raft: &Raft) {
     while metrics.changed().await.is_ok() {}
 }
 
-/// The membership a cluster runs with is the one in its log, set when it was first started;
-/// `--peers` only names it then. Other voters than the log's refuse the start: the node would
-/// run the old cluster (alone, or waiting for a quorum that never comes) while the operator
-/// believes it formed the new one, typically a single node's `./data/node-1` reused for a
-/// three-node cluster or the other way round. Moved addresses of the same voters are only
-/// warned about: Raft keeps dialling the stored ones.
+/// The membership a cluster runs with is the one in its log, set when it was first started
+/// and changed only through `/cluster/members`; `--peers` only names it at that first start.
+/// While the log still holds the first membership, other voters than `--peers` names refuse
+/// the start: the node would run the old cluster (alone, or waiting for a quorum that never
+/// comes) while the operator believes it formed the new one, typically a single node's
+/// `./data/node-1` reused for a three-node cluster or the other way round. Once members were
+/// added or removed, `--peers` of nodes started before is expected to be stale, and like moved
+/// addresses of the same voters it is only warned about: Raft dials the stored addresses.
 fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     let metrics = raft.metrics();
     let metrics = metrics.borrow();
     let membership = metrics.membership_config.membership();
     let stored: BTreeMap<u64, String> = membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
+    if !stored.is_empty() && !stored.contains_key(&config.id) {
+        tracing::warn!(
+            members = ?stored,
+            "this node was removed from its cluster's membership: it takes no part in Raft and serves \
+             nothing new; stop it, and start it on an empty data dir with --join to add it again"
+        );
+        return Ok(());
+    }
     if stored.is_empty() || stored == config.peers {
         return Ok(());
     }
-    if !stored.keys().eq(config.peers.keys()) {
+    // `initialize` writes the first membership at log index 0; every change comes later.
+    let changed_since_start = metrics.membership_config.log_id().is_some_and(|id| id.index > 0);
+    if !changed_since_start && !config.join && !stored.keys().eq(config.peers.keys()) {
         return Err(NodeError::OtherVoters {
             path: config.data_dir.display().to_string(),
             stored: error::node_list(stored.keys()),
@@ -261,8 +273,9 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     }
     tracing::warn!(
         stored = ?stored, given = ?config.peers,
-        "--peers gives other addresses than the membership in this node's log, which is what the cluster \
-         runs with; --peers is read only when a cluster is first started"
+        "--peers names other members than the membership in this node's log, which is what the cluster \
+         runs with; --peers is read only when a cluster is first started (members are changed through \
+         /cluster/members)"
     );
     Ok(())
 }

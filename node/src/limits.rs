@@ -288,6 +288,17 @@ pub const HANDOVER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a stopping leader waits for each voter to take its hand-over.
 pub const HANDOVER_RPC_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// A `POST /cluster/members` body (`{"id": …, "address": …}`).
+pub const MEMBER_BODY_BYTES_MAX: usize = 4 * 1024;
+/// How long `POST /cluster/members` waits for the new learner to hold the leader's log up to
+/// its own addition before it makes it a voter; past it the node stays a learner and the
+/// request answers 504 (the same request again waits on). A voter added before it has caught up
+/// would count towards the quorum while unable to acknowledge anything.
+pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a membership change (its joint and then its final configuration) may take to
+/// commit before the request answers 504 `raft_timeout` (it may still commit).
+pub const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// (topic, subscriber) acks held between flushes: one per subscription the node may serve,
 /// so an ack is dropped only when acks of ended subscriptions pile up behind a long outage.
 /// A flush writes them in commands of [`ACKS_PER_COMMAND_MAX`].

@@ -95,6 +95,8 @@ pub struct NodeProc {
     pub data_dir: PathBuf,
     /// Flags of this node alone, after the cluster's: taken at its next start.
     pub args: Vec<String>,
+    /// Started with `--join` (no `--peers`) by [`Cluster::start_joining_node`].
+    joining: bool,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -154,6 +156,7 @@ impl Cluster {
                 addr: format!("127.0.0.1:{port}"),
                 data_dir: dir.path().join(format!("node-{}", i + 1)),
                 args: Vec::new(),
+                joining: false,
                 log: dir.path().join(format!("node-{}.log", i + 1)),
                 child: None,
             })
@@ -170,13 +173,12 @@ impl Cluster {
         let node = &mut self.nodes[i];
         let log = File::options().create(true).append(true).open(&node.log).expect("log file");
         let mut cmd = Command::new(node_binary());
-        cmd.arg("--id")
-            .arg(node.id.to_string())
-            .arg("--listen")
-            .arg(&node.addr)
-            .arg("--peers")
-            .arg(&self.peers)
-            .arg("--data-dir")
+        cmd.arg("--id").arg(node.id.to_string()).arg("--listen").arg(&node.addr);
+        match node.joining {
+            true => cmd.arg("--join").arg("--advertise").arg(&node.addr),
+            false => cmd.arg("--peers").arg(&self.peers),
+        };
+        cmd.arg("--data-dir")
             .arg(&node.data_dir)
             .arg("--heartbeat-ms")
             .arg(self.options.heartbeat_ms.to_string())
@@ -196,6 +198,30 @@ impl Cluster {
         }
         cmd.args(&self.options.extra_args).args(&node.args);
         node.child = Some(cmd.spawn().expect("spawn pubsub-node"));
+    }
+
+    /// Starts one more node, the next id on a free port, with `--join` (it waits to be added
+    /// through `POST /cluster/members`). Returns its index.
+    pub fn start_joining_node(&mut self) -> usize {
+        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let port = free_ports(1)[0];
+        self.nodes.push(NodeProc {
+            id,
+            addr: format!("127.0.0.1:{port}"),
+            data_dir: self.dir.path().join(format!("node-{id}")),
+            args: Vec::new(),
+            joining: true,
+            log: self.dir.path().join(format!("node-{id}.log")),
+            child: None,
+        });
+        let i = self.nodes.len() - 1;
+        self.spawn(i);
+        i
+    }
+
+    /// The cluster's `--cluster-secret`, as a membership change presents it.
+    pub fn secret(&self) -> Option<&str> {
+        self.options.secret.as_deref()
     }
 
     pub fn url(&self, i: usize) -> String {

@@ -56,8 +56,8 @@ pub struct Args {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show the cluster: nodes, leader, term, commit index.
-    Cluster,
+    /// Show the cluster (nodes, leader, term, commit index), or add and remove members.
+    Cluster(ClusterArgs),
     /// Create, list, inspect and delete topics.
     #[command(subcommand)]
     Topics(TopicsCommand),
@@ -71,6 +71,37 @@ pub enum Command {
     Read(ReadArgs),
     /// Run a publish (and optional fan-out) load and report throughput and latency.
     Bench(BenchArgs),
+}
+
+/// `pubsub cluster [add|remove]`
+#[derive(Debug, ClapArgs)]
+pub struct ClusterArgs {
+    /// Without one, show the cluster.
+    #[command(subcommand)]
+    pub command: Option<ClusterCommand>,
+}
+
+/// `pubsub cluster add|remove …`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Add a node, started with --join: a learner until it holds the log, then a voter.
+    Add {
+        /// The new node's id (N or node-N).
+        id: String,
+        /// Where the other nodes reach it: its --advertise HOST:PORT.
+        address: String,
+        /// The cluster's --cluster-secret, when it has one.
+        #[arg(long, env = "PUBSUB_CLUSTER_SECRET", hide_env_values = true)]
+        cluster_secret: Option<String>,
+    },
+    /// Remove a node (voter or learner); stop it afterwards.
+    Remove {
+        /// The node's id (N or node-N).
+        id: String,
+        /// The cluster's --cluster-secret, when it has one.
+        #[arg(long, env = "PUBSUB_CLUSTER_SECRET", hide_env_values = true)]
+        cluster_secret: Option<String>,
+    },
 }
 
 /// `pubsub topics …`

@@ -1,13 +1,54 @@
-//! `pubsub cluster`
+//! `pubsub cluster`, `pubsub cluster add|remove`
 
+use super::args::ClusterCommand;
 use super::{CliError, Output};
 use crate::client::Client;
+use crate::types::{Member, Membership};
 
-pub(super) async fn run(client: &Client, output: &Output) -> Result<(), CliError> {
+pub(super) async fn run(client: &Client, output: &Output, command: Option<ClusterCommand>) -> Result<(), CliError> {
+    match command {
+        None => show(client, output).await,
+        Some(ClusterCommand::Add { id, address, cluster_secret }) => {
+            let id = node_id(&id)?;
+            let membership = client.add_member(id, address.trim(), cluster_secret.as_deref()).await?;
+            changed(output, &membership, &format!("node-{id} is a voter"))
+        }
+        Some(ClusterCommand::Remove { id, cluster_secret }) => {
+            let id = node_id(&id)?;
+            let membership = client.remove_member(id, cluster_secret.as_deref()).await?;
+            changed(output, &membership, &format!("node-{id} was removed; stop it"))
+        }
+    }
+}
+
+fn node_id(text: &str) -> Result<u64, CliError> {
+    match text.trim().trim_start_matches("node-").parse::<u64>() {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(CliError::Usage(format!("{text:?} is not a node id (N or node-N, N >= 1)"))),
+    }
+}
+
+fn changed(output: &Output, membership: &Membership, what: &str) -> Result<(), CliError> {
+    let what = if membership.changed { what.to_string() } else { format!("{what} already") };
+    let human = format!("{what}\nmembers  {}", members_line(&membership.members));
+    output.either(&human, membership)
+}
+
+/// `node-1 (voter) at 127.0.0.1:8081, …`
+fn members_line(members: &[Member]) -> String {
+    let each = members.iter().map(|m| format!("{} ({}) at {}", m.node_id, m.role, m.client_address));
+    each.collect::<Vec<_>>().join(", ")
+}
+
+async fn show(client: &Client, output: &Output) -> Result<(), CliError> {
     let info = client.cluster().await?;
     let leader = match (&info.leader_id, &info.leader_address) {
         (Some(id), Some(address)) => format!("{id} at {address}"),
         (None, Some(address)) => address.clone(),
+        // No membership and no cluster id: a node started with --join that was not added yet.
+        _ if info.members.is_empty() && info.cluster_id.is_none() && info.role.as_deref() == Some("learner") => {
+            "none (not a member of a cluster yet: add it with `pubsub cluster add`)".to_string()
+        }
         _ => "none (election in progress)".to_string(),
     };
     let role = info.role.as_deref().unwrap_or("?");
@@ -20,6 +61,9 @@ pub(super) async fn run(client: &Client, output: &Output) -> Result<(), CliError
         info.commit_index,
         info.peers.join(", ")
     );
+    if !info.members.is_empty() {
+        human.push_str(&format!("\nmembers  {}", members_line(&info.members)));
+    }
     if !info.nodes_short_of_disk.is_empty() {
         let short = info.nodes_short_of_disk.join(", ");
         human.push_str(&format!("\nshort of disk room  {short} (publishes are refused: 507 insufficient_storage)"));

@@ -101,7 +101,7 @@ pub fn main() -> ExitCode {
 pub async fn run(args: Args, output: &Output) -> Result<(), CliError> {
     let client = build_client(&args)?;
     match args.command {
-        Command::Cluster => cluster::run(&client, output).await,
+        Command::Cluster(cluster) => cluster::run(&client, output, cluster.command).await,
         Command::Topics(command) => topics::run(&client, output, command).await,
         Command::Publish(publish) => publish::run(&client, output, publish).await,
         Command::Subscribe(subscribe) => subscribe::subscribe(&client, output, subscribe).await,

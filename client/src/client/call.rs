@@ -49,6 +49,8 @@ pub(super) struct Call {
     pub(super) to_leader: bool,
     /// Added to the request timeout (a long poll's wait).
     pub(super) extra_timeout: Duration,
+    /// Sent as `Authorization: Bearer …` (membership changes of a cluster with a secret).
+    pub(super) secret: Option<String>,
 }
 
 impl Call {
@@ -60,6 +62,7 @@ impl Call {
             body: None,
             to_leader,
             extra_timeout: Duration::ZERO,
+            secret: None,
         }
     }
 
@@ -109,7 +112,7 @@ impl Client {
     /// `GET /cluster` of `node`: `None` when it answers with an error status.
     pub(super) async fn cluster_info(&self, node: &Url, timeout: Duration) -> Result<Option<ClusterInfo>, Failure> {
         let url = http_url(node, &["cluster"], &[]);
-        let answer = self.inner.http.send(Method::GET, &url, None, timeout).await.map_err(transport_failure)?;
+        let answer = self.inner.http.send(Method::GET, &url, None, None, timeout).await.map_err(transport_failure)?;
         if !is_success(answer.status) {
             return Ok(None);
         }
@@ -188,7 +191,12 @@ impl Client {
                 let url = http_url(&target, &segments(call), &call.query);
                 // Discovery may have used part of the budget.
                 let timeout = timeout.min(policy.operation_timeout.saturating_sub(started.elapsed()));
-                let answer = match self.inner.http.send(call.method.clone(), &url, call.body.clone(), timeout).await {
+                let answer = match self
+                    .inner
+                    .http
+                    .send(call.method.clone(), &url, call.body.clone(), call.secret.as_deref(), timeout)
+                    .await
+                {
                     Ok(answer) => answer,
                     Err(e) => {
                         // Past the connect stage the request may have been received.

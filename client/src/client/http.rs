@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, LOCATION, USER_AGENT};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, LOCATION, USER_AGENT};
 use hyper::{Method, Request, Uri};
 use url::{Position, Url};
 
@@ -123,6 +123,7 @@ impl Http {
         method: Method,
         url: &Url,
         body: Option<Bytes>,
+        secret: Option<&str>,
         timeout: Duration,
     ) -> Result<Answer, HttpError> {
         let target = Target::of(url)?;
@@ -133,6 +134,9 @@ impl Http {
             .header(USER_AGENT, CLIENT_USER_AGENT);
         if body.is_some() {
             request = request.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        if let Some(secret) = secret {
+            request = request.header(AUTHORIZATION, format!("Bearer {secret}"));
         }
         let request =
             request.body(Full::new(body.unwrap_or_default())).map_err(|_| HttpError::Url { url: url.to_string() })?;
@@ -242,7 +246,7 @@ mod tests {
     }
 
     async fn get(http: &Http, url: &Url) -> Answer {
-        http.send(Method::GET, url, None, TIMEOUT).await.unwrap()
+        http.send(Method::GET, url, None, None, TIMEOUT).await.unwrap()
     }
 
     #[tokio::test]
@@ -296,7 +300,7 @@ mod tests {
             let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "x".repeat(1 << 20));
             while socket.write_all(chunk.as_bytes()).await.is_ok() {}
         });
-        let error = Http::new(TIMEOUT).send(Method::GET, &url, None, Duration::from_secs(60)).await.unwrap_err();
+        let error = Http::new(TIMEOUT).send(Method::GET, &url, None, None, Duration::from_secs(60)).await.unwrap_err();
         assert!(matches!(error, HttpError::Body { .. }), "{error:?}");
     }
 
@@ -305,7 +309,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
         drop(listener);
-        let error = Http::new(TIMEOUT).send(Method::GET, &url, None, TIMEOUT).await.unwrap_err();
+        let error = Http::new(TIMEOUT).send(Method::GET, &url, None, None, TIMEOUT).await.unwrap_err();
         assert!(error.is_connect() && !error.is_timeout(), "{error:?}");
     }
 

@@ -1,6 +1,7 @@
 //! The client API (API.md §2–§5) as axum routes.
 //!
 //! - [`cluster`]: `/cluster`, `/health`, `/ready`, `/metrics`.
+//! - [`members`]: (ext) adding and removing cluster members.
 //! - [`topics`]: topic create, list, get, delete, subscriber listing and forgetting.
 //! - [`publish`]: single and batch publish.
 //! - [`publish_ws`]: publishing over one WebSocket with many messages in flight (ext).
@@ -10,6 +11,7 @@
 
 pub mod cluster;
 pub mod input;
+pub mod members;
 pub mod messages;
 pub mod publish;
 pub mod publish_ws;
@@ -40,6 +42,8 @@ async fn unrouted(uri: Uri) -> ApiError {
 pub fn router(app: SharedApp) -> Router {
     Router::new()
         .route("/cluster", get(cluster::cluster))
+        .route("/cluster/members", post(members::add))
+        .route("/cluster/members/{id}", delete(members::remove))
         .route("/health", get(cluster::health))
         .route("/ready", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))

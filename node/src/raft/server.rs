@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, Semaphore};
 
 use super::codec::{decode, encode, frame_id, ForwardError, ForwardReply, Frame, RpcRequest, RpcResponse};
 use super::CLUSTER_ID_HEADER;
-use crate::app::SharedApp;
+use crate::app::{App, SharedApp};
 use crate::error::ApiError;
 use crate::limits::{
     PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES, RAFT_ROOM_WAIT_MAX, RAFT_SERVER_INFLIGHT_MAX,
@@ -26,14 +26,8 @@ pub async fn handle(
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
-    if let Some(secret) = &app.config.cluster_secret {
-        let presented =
-            headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        // Compared in constant time: how long a refusal takes says nothing of the secret.
-        let matches = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(secret.as_bytes())));
-        if !matches {
-            return ApiError::Unauthorized.into_response();
-        }
+    if let Err(refused) = require_secret(&app, &headers) {
+        return refused.into_response();
     }
     let presented = headers.get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
     if let Err(refused) = same_cluster(&app, presented.as_deref()) {
@@ -47,6 +41,18 @@ pub async fn handle(
         .max_message_size(RAFT_MESSAGE_BYTES_MAX)
         .max_frame_size(RAFT_MESSAGE_BYTES_MAX)
         .on_upgrade(move |socket| serve_peer(app, socket, presented))
+}
+
+/// With a cluster secret set, a request must present it (`Authorization: Bearer S`): peers'
+/// Raft connections and membership changes (api/members.rs).
+pub fn require_secret(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(secret) = &app.config.cluster_secret else { return Ok(()) };
+    let presented = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in constant time: how long a refusal takes says nothing of the secret.
+    match presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(secret.as_bytes()))) {
+        true => Ok(()),
+        false => Err(ApiError::Unauthorized),
+    }
 }
 
 /// Refuses a peer that presents another cluster's id than the one this node applied, or none

@@ -1,0 +1,221 @@
+//! (ext) Membership changes (API.md §2): `POST /cluster/members` adds a node (as a learner
+//! until it holds the log, then as a voter), `DELETE /cluster/members/{id}` removes one. Only
+//! the leader takes them; with a cluster secret set they must present it, as peers do.
+//!
+//! openraft runs each change as a joint configuration and then the final one, so a majority of
+//! the old voters and of the new ones agree at every step; it takes one change at a time.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Uri};
+use axum::{Extension, Json};
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Membership, ServerState};
+use raft_store::typ::{LogId, NodeId};
+use raft_store::Node;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::input;
+use crate::app::{App, SharedApp};
+use crate::config::{is_host_port, parse_node_id};
+use crate::error::ApiError;
+use crate::limits::{MEMBERSHIP_CHANGE_TIMEOUT, MEMBER_BODY_BYTES_MAX, MEMBER_CATCH_UP_TIMEOUT};
+use crate::raft::server::require_secret;
+use crate::serve::ClientAddr;
+
+/// Every node of `membership`, voters and learners, ordered by id: for `/cluster` and the
+/// answers here. `address` is the Raft address the membership records, `client_address` where
+/// clients reach the node.
+pub fn members_json(app: &App, membership: &Membership<NodeId, Node>) -> Vec<Value> {
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    membership
+        .nodes()
+        .map(|(id, node)| {
+            json!({
+                "node_id": format!("node-{id}"),
+                "address": node.addr,
+                "client_address": app.client_address(*id, &node.addr),
+                "role": if voters.contains(id) { "voter" } else { "learner" },
+            })
+        })
+        .collect()
+}
+
+/// The body of `POST /cluster/members`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewMember {
+    /// `4` or `"node-4"`.
+    id: IdField,
+    /// The node's Raft address (its `--advertise`), `HOST:PORT`.
+    address: String,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IdField {
+    Number(u64),
+    Text(String),
+}
+
+impl IdField {
+    fn node_id(&self) -> Result<NodeId, ApiError> {
+        match self {
+            Self::Number(0) => Err(ApiError::InvalidRequest("node ids start at 1".into())),
+            Self::Number(id) => Ok(*id),
+            Self::Text(text) => parse_node_id(text).map_err(ApiError::InvalidRequest),
+        }
+    }
+}
+
+/// `POST /cluster/members`: adds node `id` at `address`. Answers once it is a voter, or at once
+/// when it already was one at that address.
+pub async fn add(
+    State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    require_secret(&app, &headers)?;
+    let client: Option<IpAddr> = input::client_ip(client);
+    let bytes = input::body(&app, client, body, MEMBER_BODY_BYTES_MAX).await?;
+    let wanted: NewMember = input::json(&bytes)?
+        .ok_or_else(|| ApiError::InvalidRequest("the body must be {\"id\": N, \"address\": \"HOST:PORT\"}".into()))?;
+    let id = wanted.id.node_id()?;
+    let address = wanted.address.trim().to_string();
+    if !is_host_port(&address) {
+        return Err(ApiError::InvalidRequest(format!("address {address:?} is not HOST:PORT")));
+    }
+    let where_ = input::path_and_query(&uri);
+    app.require_leader(&where_)?;
+
+    let (membership, membership_log_id) = current_membership(&app);
+    if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == address) {
+        // Dials to either would reach the one node there: a member that is never there.
+        return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
+    }
+    let added_at = match membership.get_node(&id) {
+        Some(node) if node.addr != address => {
+            return Err(ApiError::MemberConflict(format!(
+                "node-{id} is already a member at {}; remove it first to give it another address",
+                node.addr
+            )))
+        }
+        // A voter of a final configuration: nothing to do. A voter of a joint one (a change
+        // cut short by a leader change) goes on to the final configuration below.
+        Some(_) if membership.voter_ids().any(|v| v == id) && membership.get_joint_config().len() == 1 => {
+            return Ok(Json(answer(&app, &membership, membership_log_id, false)));
+        }
+        // A learner already (an earlier request that timed out): wait on.
+        Some(_) => membership_log_id,
+        None => {
+            tracing::info!(node = id, %address, "adding a learner");
+            let added = change(&app, &where_, ChangeMembers::AddNodes([(id, Node { addr: address })].into())).await?;
+            Some(added)
+        }
+    };
+    wait_caught_up(&app, &where_, id, added_at).await?;
+    tracing::info!(node = id, "the learner holds the log; making it a voter");
+    change(&app, &where_, ChangeMembers::AddVoterIds([id].into())).await?;
+    let (membership, log_id) = current_membership(&app);
+    Ok(Json(answer(&app, &membership, log_id, true)))
+}
+
+/// `DELETE /cluster/members/{id}`: removes a voter or learner. A leader that removes itself
+/// steps down once the change has committed, and the others elect a new one.
+pub async fn remove(
+    State(app): State<SharedApp>,
+    headers: HeaderMap,
+    uri: Uri,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    require_secret(&app, &headers)?;
+    let Path(text) = path.map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
+    let id = parse_node_id(&text).map_err(ApiError::InvalidRequest)?;
+    let where_ = input::path_and_query(&uri);
+    app.require_leader(&where_)?;
+    let (membership, _) = current_membership(&app);
+    if membership.get_node(&id).is_none() {
+        return Err(ApiError::MemberNotFound(id));
+    }
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let change_wanted = match voters.contains(&id) {
+        true if voters.len() == 1 => {
+            return Err(ApiError::InvalidRequest(format!("node-{id} is the only voter: a cluster keeps at least one")))
+        }
+        true => ChangeMembers::RemoveVoters([id].into()),
+        false => ChangeMembers::RemoveNodes([id].into()),
+    };
+    tracing::info!(node = id, "removing a member");
+    change(&app, &where_, change_wanted).await?;
+    let (membership, log_id) = current_membership(&app);
+    Ok(Json(answer(&app, &membership, log_id, true)))
+}
+
+/// The membership this node holds (the latest, committed or not) and where it was written.
+fn current_membership(app: &App) -> (Membership<NodeId, Node>, Option<LogId>) {
+    let metrics = app.raft.metrics();
+    let metrics = metrics.borrow();
+    (metrics.membership_config.membership().clone(), *metrics.membership_config.log_id())
+}
+
+fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId>, changed: bool) -> Value {
+    json!({
+        "members": members_json(app, membership),
+        "changed": changed,
+        "raft_index": log_id.map(|l| l.index).unwrap_or(0),
+    })
+}
+
+/// Runs one membership change (removed nodes are dropped, not kept as learners) and returns
+/// the log id of the membership it committed. It runs in a task of its own: `change_membership`
+/// proposes the joint configuration and then the final one, and a request dropped in between
+/// (its client gone, or the wait here over) would leave the cluster in the joint one.
+async fn change(app: &App, where_: &str, wanted: ChangeMembers<NodeId, Node>) -> Result<LogId, ApiError> {
+    let raft = app.raft.clone();
+    let task = tokio::spawn(async move { raft.change_membership(wanted, false).await });
+    match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, task).await {
+        Err(_) => Err(ApiError::RaftTimeout(MEMBERSHIP_CHANGE_TIMEOUT.as_millis())),
+        Ok(Err(panicked)) => Err(ApiError::internal(panicked)),
+        Ok(Ok(Ok(response))) => Ok(response.log_id),
+        Ok(Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => {
+            Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader))
+        }
+        Ok(Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
+            ChangeMembershipError::InProgress(_) => {
+                ApiError::Unavailable("another membership change is in progress; retry once it has committed".into())
+            }
+            ChangeMembershipError::EmptyMembership(_) => {
+                ApiError::InvalidRequest("the change would leave the cluster without a voter".into())
+            }
+            ChangeMembershipError::LearnerNotFound(e) => {
+                ApiError::MemberConflict(format!("node-{} is no longer a learner (removed meanwhile?)", e.node_id))
+            }
+        }),
+        Ok(Ok(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
+    }
+}
+
+/// Waits until the leader has replicated to learner `id` its log up to `target` (the
+/// membership that added it), at most [`MEMBER_CATCH_UP_TIMEOUT`]; ends early, with the
+/// redirect a write gets, when this node stops leading.
+async fn wait_caught_up(app: &App, where_: &str, id: NodeId, target: Option<LogId>) -> Result<(), ApiError> {
+    let done = move |m: &raft_store::typ::RaftMetrics| {
+        let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten());
+        m.state != ServerState::Leader || (matched.is_some() && matched >= target)
+    };
+    match app.raft.wait(Some(MEMBER_CATCH_UP_TIMEOUT)).metrics(done, "a new learner holds the log").await {
+        Ok(m) if m.state != ServerState::Leader => Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)),
+        Ok(_) => Ok(()),
+        Err(openraft::metrics::WaitError::Timeout(..)) => {
+            Err(ApiError::MemberCatchingUp { node: id, secs: MEMBER_CATCH_UP_TIMEOUT.as_secs() })
+        }
+        Err(openraft::metrics::WaitError::ShuttingDown) => Err(ApiError::Unavailable("the node is stopping".into())),
+    }
+}
