@@ -1524,7 +1524,23 @@ async fn membership_changes_refuse_what_they_cannot_do() {
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "the last voter: {r:?}");
     let info = c.cluster_info(0).await.unwrap();
     assert_eq!(info["members"].as_array().map(Vec::len), Some(1), "{info}");
-    assert_eq!(info["leader_id"], "node-1");
+    assert_eq!((&info["leader_id"], &info["membership_joint"]), (&json!("node-1"), &json!(false)), "{info}");
+
+    // A node nothing answers for stays a learner; removed meanwhile, its addition ends 409.
+    let adding = tokio::spawn({
+        let members = members.clone();
+        async move { post(&members, &json!({"id": 5, "address": "127.0.0.1:9"})).await.unwrap() }
+    });
+    wait_until("node-5 listed as a learner", Duration::from_secs(10), || async {
+        let info = c.cluster_info(0).await?;
+        info["members"].as_array()?.iter().any(|m| m["node_id"] == "node-5" && m["role"] == "learner").then_some(())
+    })
+    .await;
+    let r = delete(&format!("{members}/node-5")).await.unwrap();
+    assert_eq!((r.status, &r.body["joint"]), (200, &json!(false)), "{r:?}");
+    assert_eq!(r.body["members"].as_array().map(Vec::len), Some(1), "{r:?}");
+    let r = adding.await.unwrap();
+    assert!(r.status == 409 && is_error_body(&r.body, "member_conflict"), "{r:?}");
 
     // A follower of a three-node cluster redirects a change; with a secret, one without it is refused.
     let c = Cluster::start(Options::default()).await;

@@ -348,7 +348,15 @@ impl Client {
         let mut call = Call::new(Method::DELETE, &["cluster", "members", &id.to_string()], true);
         call.secret = cluster_secret.map(str::to_string);
         call.extra_timeout = limits::MEMBER_CHANGE_WAIT;
-        self.execute(&call).await?.parse()
+        match self.execute(&call).await?.parse() {
+            // An earlier attempt whose answer was lost (or that timed out) removed it.
+            Err(Error::Indeterminate { source, .. }) if source.api().is_some_and(|e| e.code == ErrorCode::NotFound) => {
+                let info = self.cluster().await?;
+                let joint = info.membership_joint;
+                Ok(Membership { members: info.members, joint, changed: true, raft_index: info.commit_index })
+            }
+            other => other,
+        }
     }
 
     /// Creates a topic; idempotent (`created: false` when it existed). `metadata` is stored as

@@ -41,6 +41,10 @@ pub struct ClusterInfo {
     /// (ext) Every member, voters and learners, ordered by id.
     #[serde(default)]
     pub members: Vec<Member>,
+    /// (ext) The membership is a joint configuration: a change was cut short by a leader
+    /// change; the same change sent again finishes it.
+    #[serde(default)]
+    pub membership_joint: bool,
 }
 
 /// (ext) A member of the cluster, in `/cluster` and the answers of membership changes.
@@ -61,6 +65,9 @@ pub struct Member {
 pub struct Membership {
     /// Every member after the change.
     pub members: Vec<Member>,
+    /// A joint configuration (see [`ClusterInfo::membership_joint`]).
+    #[serde(default)]
+    pub joint: bool,
     /// False when nothing had to change (the node was a voter at that address already).
     pub changed: bool,
     /// The log index of the membership.

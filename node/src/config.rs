@@ -184,9 +184,8 @@ impl Config {
             })?,
             _ => BTreeMap::new(),
         };
-        if let Some(stranger) = client_addresses.keys().find(|id| !peers.contains_key(id)) {
-            return Err(ConfigError::ClientAddresses(format!("node {stranger} is not in --peers")));
-        }
+        // Entries for nodes outside --peers are kept: nodes added later through
+        // /cluster/members, and on a node started with --join, the cluster it joins.
         Ok(Self {
             id: flags.id,
             listen: flags.listen,
@@ -295,13 +294,16 @@ mod tests {
     }
 
     #[test]
-    fn client_addresses_name_nodes_of_the_cluster() {
+    fn client_addresses_are_host_port_by_node_id() {
         let peers = ["--id", "2", "--peers", "1=a:1,2=b:2,3=c:3"];
         let c =
             Config::from_flags(flags(&[&peers[..], &["--client-addresses", "1=h:8081,2=h:8082"]].concat())).unwrap();
         assert_eq!(c.client_addresses, BTreeMap::from([(1, "h:8081".to_string()), (2, "h:8082".to_string())]));
         assert!(Config::from_flags(flags(&peers)).unwrap().client_addresses.is_empty());
-        for bad in ["4=h:1", "1=nohost", "x=h:1"] {
+        // A node added later, not in --peers.
+        let later = Config::from_flags(flags(&[&peers[..], &["--client-addresses", "4=h:8084"]].concat())).unwrap();
+        assert_eq!(later.client_addresses, BTreeMap::from([(4, "h:8084".to_string())]));
+        for bad in ["1=nohost", "x=h:1", "1=h:1,1=h:2"] {
             let refused = Config::from_flags(flags(&[&peers[..], &["--client-addresses", bad]].concat()));
             assert!(matches!(refused, Err(ConfigError::ClientAddresses(_))), "{bad}: {refused:?}");
         }

@@ -254,8 +254,8 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     if !stored.is_empty() && !stored.contains_key(&config.id) {
         tracing::warn!(
             members = ?stored,
-            "this node was removed from its cluster's membership: it takes no part in Raft and serves \
-             nothing new; stop it, and start it on an empty data dir with --join to add it again"
+            "this node's log says it was removed from its cluster's membership: it gets no new entries and \
+             serves nothing new; stop it, and start it on an empty data dir with --join to add it again"
         );
         return Ok(());
     }
@@ -264,7 +264,7 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     }
     // `initialize` writes the first membership at log index 0; every change comes later.
     let changed_since_start = metrics.membership_config.log_id().is_some_and(|id| id.index > 0);
-    if !changed_since_start && !config.join && !stored.keys().eq(config.peers.keys()) {
+    if !changed_since_start && !stored.keys().eq(config.peers.keys()) {
         return Err(NodeError::OtherVoters {
             path: config.data_dir.display().to_string(),
             stored: error::node_list(stored.keys()),

@@ -295,6 +295,9 @@ pub const MEMBER_BODY_BYTES_MAX: usize = 4 * 1024;
 /// request answers 504 (the same request again waits on). A voter added before it has caught up
 /// would count towards the quorum while unable to acknowledge anything.
 pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How far behind the leader's log (in entries) a learner may be to be made a voter: a few
+/// appends' worth, so that it acknowledges new entries about as soon as the others.
+pub const MEMBER_PROMOTE_LAG_MAX: u64 = 64;
 /// How long a membership change (its joint and then its final configuration) may take to
 /// commit before the request answers 504 `raft_timeout` (it may still commit).
 pub const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);

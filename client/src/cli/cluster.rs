@@ -28,9 +28,15 @@ fn node_id(text: &str) -> Result<u64, CliError> {
     }
 }
 
+/// Printed under the members of a joint configuration.
+const JOINT_NOTE: &str = "joint    a membership change was cut short by a leader change: send it again to finish it";
+
 fn changed(output: &Output, membership: &Membership, what: &str) -> Result<(), CliError> {
     let what = if membership.changed { what.to_string() } else { format!("{what} already") };
-    let human = format!("{what}\nmembers  {}", members_line(&membership.members));
+    let mut human = format!("{what}\nmembers  {}", members_line(&membership.members));
+    if membership.joint {
+        human.push_str(&format!("\n{JOINT_NOTE}"));
+    }
     output.either(&human, membership)
 }
 
@@ -63,6 +69,9 @@ async fn show(client: &Client, output: &Output) -> Result<(), CliError> {
     );
     if !info.members.is_empty() {
         human.push_str(&format!("\nmembers  {}", members_line(&info.members)));
+    }
+    if info.membership_joint {
+        human.push_str(&format!("\n{JOINT_NOTE}"));
     }
     if !info.nodes_short_of_disk.is_empty() {
         let short = info.nodes_short_of_disk.join(", ");

@@ -24,7 +24,9 @@ use super::input;
 use crate::app::{App, SharedApp};
 use crate::config::{is_host_port, parse_node_id};
 use crate::error::ApiError;
-use crate::limits::{MEMBERSHIP_CHANGE_TIMEOUT, MEMBER_BODY_BYTES_MAX, MEMBER_CATCH_UP_TIMEOUT};
+use crate::limits::{
+    MEMBERSHIP_CHANGE_TIMEOUT, MEMBER_BODY_BYTES_MAX, MEMBER_CATCH_UP_TIMEOUT, MEMBER_PROMOTE_LAG_MAX,
+};
 use crate::raft::server::require_secret;
 use crate::serve::ClientAddr;
 
@@ -109,22 +111,22 @@ pub async fn add(
         }
         // A voter of a final configuration: nothing to do. A voter of a joint one (a change
         // cut short by a leader change) goes on to the final configuration below.
-        Some(_) if membership.voter_ids().any(|v| v == id) && membership.get_joint_config().len() == 1 => {
+        Some(_) if membership.voter_ids().any(|v| v == id) && !is_joint(&membership) => {
             return Ok(Json(answer(&app, &membership, membership_log_id, false)));
         }
         // A learner already (an earlier request that timed out): wait on.
         Some(_) => membership_log_id,
         None => {
             tracing::info!(node = id, %address, "adding a learner");
-            let added = change(&app, &where_, ChangeMembers::AddNodes([(id, Node { addr: address })].into())).await?;
+            let (added, _) =
+                change(&app, &where_, ChangeMembers::AddNodes([(id, Node { addr: address })].into())).await?;
             Some(added)
         }
     };
     wait_caught_up(&app, &where_, id, added_at).await?;
     tracing::info!(node = id, "the learner holds the log; making it a voter");
-    change(&app, &where_, ChangeMembers::AddVoterIds([id].into())).await?;
-    let (membership, log_id) = current_membership(&app);
-    Ok(Json(answer(&app, &membership, log_id, true)))
+    let (log_id, membership) = change(&app, &where_, ChangeMembers::AddVoterIds([id].into())).await?;
+    Ok(Json(answer(&app, &membership, Some(log_id), true)))
 }
 
 /// `DELETE /cluster/members/{id}`: removes a voter or learner. A leader that removes itself
@@ -153,9 +155,8 @@ pub async fn remove(
         false => ChangeMembers::RemoveNodes([id].into()),
     };
     tracing::info!(node = id, "removing a member");
-    change(&app, &where_, change_wanted).await?;
-    let (membership, log_id) = current_membership(&app);
-    Ok(Json(answer(&app, &membership, log_id, true)))
+    let (log_id, membership) = change(&app, &where_, change_wanted).await?;
+    Ok(Json(answer(&app, &membership, Some(log_id), true)))
 }
 
 /// The membership this node holds (the latest, committed or not) and where it was written.
@@ -165,25 +166,39 @@ fn current_membership(app: &App) -> (Membership<NodeId, Node>, Option<LogId>) {
     (metrics.membership_config.membership().clone(), *metrics.membership_config.log_id())
 }
 
+/// A joint configuration: a change whose final configuration was not proposed (its leader
+/// lost leadership in between). The same request again finishes it.
+pub fn is_joint(membership: &Membership<NodeId, Node>) -> bool {
+    membership.get_joint_config().len() > 1
+}
+
 fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId>, changed: bool) -> Value {
     json!({
         "members": members_json(app, membership),
+        "joint": is_joint(membership),
         "changed": changed,
         "raft_index": log_id.map(|l| l.index).unwrap_or(0),
     })
 }
 
 /// Runs one membership change (removed nodes are dropped, not kept as learners) and returns
-/// the log id of the membership it committed. It runs in a task of its own: `change_membership`
+/// the membership it committed, with its log id. It runs in a task of its own: `change_membership`
 /// proposes the joint configuration and then the final one, and a request dropped in between
 /// (its client gone, or the wait here over) would leave the cluster in the joint one.
-async fn change(app: &App, where_: &str, wanted: ChangeMembers<NodeId, Node>) -> Result<LogId, ApiError> {
+async fn change(
+    app: &App,
+    where_: &str,
+    wanted: ChangeMembers<NodeId, Node>,
+) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
     let raft = app.raft.clone();
     let task = tokio::spawn(async move { raft.change_membership(wanted, false).await });
     match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, task).await {
         Err(_) => Err(ApiError::RaftTimeout(MEMBERSHIP_CHANGE_TIMEOUT.as_millis())),
         Ok(Err(panicked)) => Err(ApiError::internal(panicked)),
-        Ok(Ok(Ok(response))) => Ok(response.log_id),
+        Ok(Ok(Ok(response))) => {
+            let membership = response.membership.unwrap_or_else(|| current_membership(app).0);
+            Ok((response.log_id, membership))
+        }
         Ok(Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => {
             Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader))
         }
@@ -195,7 +210,7 @@ async fn change(app: &App, where_: &str, wanted: ChangeMembers<NodeId, Node>) ->
                 ApiError::InvalidRequest("the change would leave the cluster without a voter".into())
             }
             ChangeMembershipError::LearnerNotFound(e) => {
-                ApiError::MemberConflict(format!("node-{} is no longer a learner (removed meanwhile?)", e.node_id))
+                ApiError::MemberConflict(format!("node-{} is no longer a member (removed meanwhile)", e.node_id))
             }
         }),
         Ok(Ok(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
@@ -203,15 +218,23 @@ async fn change(app: &App, where_: &str, wanted: ChangeMembers<NodeId, Node>) ->
 }
 
 /// Waits until the leader has replicated to learner `id` its log up to `target` (the
-/// membership that added it), at most [`MEMBER_CATCH_UP_TIMEOUT`]; ends early, with the
-/// redirect a write gets, when this node stops leading.
+/// membership that added it) and to within [`MEMBER_PROMOTE_LAG_MAX`] entries of its own end
+/// (a catch-up that took long, a snapshot's install say, leaves all written meanwhile to send:
+/// promoted then, the node would hold up every commit that needs it), at most
+/// [`MEMBER_CATCH_UP_TIMEOUT`]. Ends early, with the redirect a write gets, when this node stops
+/// leading, and with a conflict when the learner was removed meanwhile.
 async fn wait_caught_up(app: &App, where_: &str, id: NodeId, target: Option<LogId>) -> Result<(), ApiError> {
     let done = move |m: &raft_store::typ::RaftMetrics| {
         let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten());
-        m.state != ServerState::Leader || (matched.is_some() && matched >= target)
+        let lag = m.last_log_index.unwrap_or(0).saturating_sub(matched.map(|l| l.index).unwrap_or(0));
+        let caught_up = matched.is_some() && matched >= target && lag <= MEMBER_PROMOTE_LAG_MAX;
+        m.state != ServerState::Leader || m.membership_config.membership().get_node(&id).is_none() || caught_up
     };
     match app.raft.wait(Some(MEMBER_CATCH_UP_TIMEOUT)).metrics(done, "a new learner holds the log").await {
         Ok(m) if m.state != ServerState::Leader => Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)),
+        Ok(m) if m.membership_config.membership().get_node(&id).is_none() => {
+            Err(ApiError::MemberConflict(format!("node-{id} was removed while it caught up")))
+        }
         Ok(_) => Ok(()),
         Err(openraft::metrics::WaitError::Timeout(..)) => {
             Err(ApiError::MemberCatchingUp { node: id, secs: MEMBER_CATCH_UP_TIMEOUT.as_secs() })
