@@ -880,10 +880,10 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
 }
 
-/// Sends a membership change to node 0 with the cluster's secret, following redirects to the
-/// leader and retrying while no leader is known or another change is in progress.
+/// Sends a membership change to the first running node with the cluster's secret, following
+/// redirects to the leader and retrying while no leader is known or another change is in progress.
 async fn change_members(c: &Cluster, request: impl Fn(&str) -> reqwest::RequestBuilder) -> pubsub_tests::http::Reply {
-    let mut target = c.url(0);
+    let mut target = c.url((0..c.nodes.len()).find(|&i| c.running(i)).expect("a running node"));
     let deadline = tokio::time::Instant::now() + CONVERGE;
     loop {
         let mut builder = request(&target).timeout(Duration::from_secs(90));
@@ -978,5 +978,59 @@ async fn a_node_is_added_and_the_leader_removed_under_load_without_losing_a_publ
     .await;
     let mut acked = acked;
     publish_each(&c, "after-", 0..5, &mut acked).await;
+    assert_converged(&c, "t", &acked).await;
+}
+
+/// Two of three disks lost for good: the survivor, started once with `--force-new-cluster`,
+/// becomes the only voter of its cluster and leader, with every publish it held (all of them:
+/// it had caught up), and takes new publishes at the next sequence. Started again with the flag
+/// still set, it refuses to start (exit 1) rather than cut a cluster grown again back to itself;
+/// without it, it starts, and a node added with `--join` catches up with everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_survivor_of_two_lost_disks_is_forced_into_a_new_cluster_and_grown_again() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let mut acked = HashMap::new();
+    publish_each(&c, "m", 0..20, &mut acked).await;
+    assert_converged(&c, "t", &acked).await;
+    let survivor = (c.wait_leader(CONVERGE).await + 1) % 3;
+    for lost in (0..3).filter(|&i| i != survivor) {
+        c.kill(lost);
+        std::fs::remove_dir_all(&c.nodes[lost].data_dir).expect("remove a lost node's data dir");
+    }
+    c.kill(survivor);
+    c.nodes[survivor].args = vec!["--force-new-cluster".into()];
+    c.restart(survivor);
+    assert_eq!(c.wait_leader(CONVERGE).await, survivor);
+    let info = c.cluster_info(survivor).await.unwrap();
+    let name = format!("node-{}", c.nodes[survivor].id);
+    assert_eq!(roles(&info), HashMap::from([(name.clone(), "voter".to_string())]), "{info}");
+    publish_each(&c, "after-", 0..5, &mut acked).await;
+    assert_eq!(acked["after-0"], 21, "{acked:?}");
+    assert_converged(&c, "t", &acked).await;
+
+    // The flag left on: refused, exit 1, nothing changed.
+    c.kill(survivor);
+    c.restart(survivor);
+    let log = c.dir().join(format!("{name}.log"));
+    wait_until("the second forced start is refused", CONVERGE, || async {
+        std::fs::read_to_string(&log).ok().filter(|l| l.contains("was already made a cluster of its own")).map(|_| ())
+    })
+    .await;
+    assert_eq!(c.terminate(survivor), Some(1));
+    c.nodes[survivor].args.clear();
+    c.restart(survivor);
+    assert_eq!(c.wait_leader(CONVERGE).await, survivor);
+
+    let new = c.start_joining_node();
+    let address = c.nodes[new].addr.clone();
+    let added = change_members(&c, |url| {
+        pubsub_tests::http::client()
+            .post(format!("{url}/cluster/members"))
+            .json(&json!({"id": c.nodes[new].id, "address": address}))
+    })
+    .await;
+    assert_eq!(added.status, 200, "{added:?}");
+    publish_each(&c, "grown-", 0..5, &mut acked).await;
     assert_converged(&c, "t", &acked).await;
 }

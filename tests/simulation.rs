@@ -67,6 +67,7 @@ fn node_config(i: usize, nodes: usize, dir: &std::path::Path) -> Config {
         min_free_bytes: 0,
         io_mode: raft_store::IoMode::Inline,
         join: false,
+        force_new_cluster: false,
     }
 }
 

@@ -72,6 +72,13 @@ pub struct Flags {
     /// its leader to add this node (POST /cluster/members on any node).
     #[arg(long, env = "PUBSUB_JOIN")]
     pub join: bool,
+
+    /// Disaster recovery, when a majority of the voters are lost for good: make this node the
+    /// only voter of its cluster, keeping its data (writes acknowledged by the lost nodes alone
+    /// are gone), then add new nodes with --join. For one start only: refused on a data dir it
+    /// was already used on.
+    #[arg(long, env = "PUBSUB_FORCE_NEW_CLUSTER")]
+    pub force_new_cluster: bool,
 }
 
 /// A validated configuration.
@@ -95,6 +102,8 @@ pub struct Config {
     pub io_mode: raft_store::IoMode,
     /// `--join`: this node waits to be added to a running cluster and never initializes one.
     pub join: bool,
+    /// `--force-new-cluster`: this start makes the node the only voter of its cluster.
+    pub force_new_cluster: bool,
 }
 
 /// A configuration error, printed as one line.
@@ -200,6 +209,7 @@ impl Config {
             min_free_bytes: flags.min_free_bytes,
             io_mode: raft_store::IoMode::Background,
             join: flags.join,
+            force_new_cluster: flags.force_new_cluster,
         })
     }
 

@@ -63,6 +63,13 @@ pub enum NodeError {
          when a cluster is first started; give a new --data-dir to start another cluster"
     )]
     OtherVoters { path: String, stored: String, given: String },
+    #[error(
+        "data dir {path} was already made a cluster of its own by --force-new-cluster ({marker} says where): \
+         start it without the flag"
+    )]
+    ForcedAlready { path: String, marker: String },
+    #[error("data dir {path} holds no log: --force-new-cluster recovers a node that has one")]
+    NothingToForce { path: String },
     #[error("raft: {0}")]
     Raft(String),
     #[error("serve: {0}")]
@@ -83,12 +90,15 @@ pub async fn run<L>(
 where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
-    let store = raft_store::open_with(&config.data_dir, config.io_mode)
+    let mut store = raft_store::open_with(&config.data_dir, config.io_mode)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
     store
         .log_store
         .set_node_id(config.id)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
+    if config.force_new_cluster {
+        force_new_cluster(&config, &mut store.log_store)?;
+    }
     let metrics = Metrics::default();
     store.log_store.observe_fsyncs(metrics.fsync_observer());
     let committed_index = store.log_store.committed_index();
@@ -276,6 +286,34 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
         "--peers names other members than the membership in this node's log, which is what the cluster \
          runs with; --peers is read only when a cluster is first started (members are changed through \
          /cluster/members)"
+    );
+    Ok(())
+}
+
+/// The file `--force-new-cluster` leaves in the data dir: a later start with the flag still
+/// set (left in a unit file, say) would cut the cluster grown again since back to this node.
+const FORCED_MARKER: &str = "FORCED_NEW_CLUSTER";
+
+/// `--force-new-cluster`: this node becomes the only voter of its cluster
+/// (`LogStore::force_single_voter`), once per data dir.
+fn force_new_cluster(config: &Config, log_store: &mut raft_store::LogStore) -> Result<(), NodeError> {
+    let path = config.data_dir.display().to_string();
+    let marker = config.data_dir.join(FORCED_MARKER);
+    if marker.exists() {
+        return Err(NodeError::ForcedAlready { path, marker: marker.display().to_string() });
+    }
+    let node = Node { addr: config.advertise.clone() };
+    let data_dir_error = |source| NodeError::DataDir { path: path.clone(), source };
+    let Some(log_id) = log_store.force_single_voter(config.id, node).map_err(data_dir_error)? else {
+        return Err(NodeError::NothingToForce { path });
+    };
+    let written = std::fs::write(&marker, format!("membership of node-{} alone at log {log_id}\n", config.id))
+        .and_then(|()| std::fs::File::open(&marker)?.sync_all());
+    written.map_err(|e| data_dir_error(raft_store::StoreError::Io(e)))?;
+    tracing::warn!(
+        %log_id, advertise = %config.advertise,
+        "--force-new-cluster: this node is now the only voter of its cluster, with the data it holds; add new \
+         nodes with --join and POST /cluster/members, and never start the lost ones again on their old data"
     );
     Ok(())
 }

@@ -166,6 +166,38 @@ impl LogStore {
         LogFiles(self.segments.clone())
     }
 
+    /// `--force-new-cluster`: makes node `id` (at `node`) the only voter of its cluster, outside
+    /// Raft and before its core starts, when the other voters are lost for good. Appends, and
+    /// fsyncs, a membership entry of `id` alone after the last entry, under a leader id one term
+    /// above any this node saw or voted in, then saves a committed vote for `id` in that term:
+    /// openraft restores a node alone in its membership as the leader of its committed vote
+    /// (vendor/openraft, `Engine::startup`), which then commits this entry and every entry before
+    /// it. Entries the lost nodes alone held are gone. Returns the entry's log id; `None`, and
+    /// nothing written, for a log that holds nothing (no cluster to recover).
+    pub fn force_single_voter(&mut self, id: NodeId, node: crate::Node) -> Result<Option<LogId>, StoreError> {
+        let last_purged: Option<LogId> = self.get_meta(LAST_PURGED)?;
+        let Some(last) = self.last_log_id()?.or(last_purged) else {
+            return Ok(None);
+        };
+        let vote: Option<Vote> = self.get_meta(VOTE)?;
+        let term = vote.map_or(0, |v| v.leader_id.term).max(last.leader_id.term) + 1;
+        let log_id = LogId::new(openraft::CommittedLeaderId::new(term, id), last.index + 1);
+        let membership = openraft::Membership::new(
+            vec![std::collections::BTreeSet::from([id])],
+            std::collections::BTreeMap::from([(id, node)]),
+        );
+        let entry = Entry { log_id, payload: openraft::EntryPayload::Membership(membership) };
+        let record = Record::encode(&entry)?;
+        let len = record.payload_len();
+        self.segments.append(log_id.index, vec![record])?;
+        self.segments.sync()?;
+        self.recent().appended(vec![(entry, len)]);
+        let vote = Vote::new_committed(term, id);
+        let bytes = bincode::serialize(&vote).map_err(StoreError::decode("vote"))?;
+        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, VOTE, bytes, &synced())?;
+        Ok(Some(log_id))
+    }
+
     /// Highest committed log index known to this node.
     pub fn committed_index(&self) -> Arc<AtomicU64> {
         self.committed_index.clone()

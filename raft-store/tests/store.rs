@@ -741,3 +741,35 @@ async fn nodes_short_of_disk_survive_a_restart_and_a_snapshot_install() {
     assert_eq!(follower.reader.disk_short_claims(), BTreeMap::from([(2, 100), (3, 200)]));
     assert!(follower.reader.any_disk_short());
 }
+
+/// `--force-new-cluster`: the membership entry of the one voter follows the last entry, under
+/// a term above both the vote's and the last entry's, with a committed vote of the node in
+/// that term; both are durable (read back after a restart). A log that holds nothing writes
+/// nothing.
+#[tokio::test]
+async fn forcing_a_single_voter_appends_its_membership_under_a_new_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open_with(dir.path(), raft_store::IoMode::Inline).unwrap();
+    store.log_store.blocking_append(vec![entry(1, create("a")), entry(2, publish("a", "x"))]).await.unwrap();
+    store.log_store.save_vote(&openraft::Vote::new_committed(3, 2)).await.unwrap();
+    let node = raft_store::Node { addr: "h:1".into() };
+    let forced = store.log_store.force_single_voter(2, node.clone()).unwrap().expect("a log to force");
+    assert_eq!(forced, LogId::new(CommittedLeaderId::new(4, 2), 3));
+    close(store).await;
+
+    let mut store = raft_store::open(dir.path()).unwrap();
+    assert_eq!(store.log_store.read_vote().await.unwrap(), Some(openraft::Vote::new_committed(4, 2)));
+    let last = store.log_store.get_log_reader().await.try_get_log_entries(3..4).await.unwrap();
+    let [Entry { log_id, payload: EntryPayload::Membership(membership) }] = &last[..] else {
+        panic!("no membership entry at 3: {last:?}")
+    };
+    assert_eq!(*log_id, forced);
+    assert_eq!(membership.voter_ids().collect::<Vec<_>>(), [2]);
+    assert_eq!(membership.get_node(&2), Some(&node));
+    close(store).await;
+
+    let empty = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(empty.path()).unwrap();
+    assert_eq!(store.log_store.force_single_voter(1, node).unwrap(), None);
+    assert_eq!(store.log_store.read_vote().await.unwrap(), None);
+}
