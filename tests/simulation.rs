@@ -41,6 +41,10 @@ const OBSERVE_EVERY: Duration = Duration::from_millis(50);
 struct Scenario {
     seed: u64,
     nodes: usize,
+    /// The last node starts with `--join`, outside the cluster; an operator then adds the node
+    /// out and removes another in turn, under the faults, and adds the last one out back at
+    /// the end (see [`change_members`]).
+    membership: bool,
     messages: usize,
     publishers: usize,
     subscribers: usize,
@@ -288,7 +292,23 @@ fn run(s: &Scenario) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     handovers::reset();
     let mut sim = new_sim(s.seed);
-    let NodeHandles { offsets, stops } = add_nodes(&mut sim, s.nodes, dir.path());
+    let NodeHandles { offsets, stops } = add_nodes_configured(&mut sim, s.nodes, dir.path(), |i, config| {
+        if s.membership {
+            // No secret: the membership endpoints take the sim's plain requests.
+            config.cluster_secret = None;
+            let joining = s.nodes as u64;
+            match config.id == joining {
+                true => {
+                    config.join = true;
+                    config.peers = BTreeMap::from([(joining, config.advertise.clone())]);
+                }
+                false => drop(config.peers.remove(&joining)),
+            }
+        }
+        let _ = i;
+    });
+    let members_settled = Arc::new(AtomicBool::new(!s.membership));
+    let operations = Arc::new(Mutex::new(Vec::<String>::new()));
 
     let history = Arc::new(Mutex::new(History::default()));
     let runs = Arc::new(Mutex::new(Vec::new()));
@@ -353,6 +373,15 @@ fn run(s: &Scenario) -> Result<Run, String> {
         });
     }
 
+    if s.membership {
+        let (nodes, seed, published, settled, operations) =
+            (s.nodes, s.seed, published.clone(), members_settled.clone(), operations.clone());
+        sim.client("operator", async move {
+            change_members(nodes, seed, published, operations).await;
+            settled.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+    }
     // The fault injector: one decision every 250 ms of simulated time while publishing.
     let mut rng = StdRng::seed_from_u64(s.seed ^ 0x5eed);
     let mut down: Vec<(usize, Duration)> = Vec::new();
@@ -435,7 +464,12 @@ fn run(s: &Scenario) -> Result<Run, String> {
     let logs = Arc::new(Mutex::new(BTreeMap::new()));
     {
         let (nodes, logs, expect) = (s.nodes, logs.clone(), history.lock().unwrap().acked.len());
+        let settled = members_settled.clone();
         sim.client("checker", async move {
+            // Every node a member again first.
+            while !settled.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             for _ in 0..300 {
                 let mut all = BTreeMap::new();
                 for i in 0..nodes {
@@ -455,6 +489,7 @@ fn run(s: &Scenario) -> Result<Run, String> {
         });
     }
     sim.run().map_err(|e| format!("seed {}: checker: {e}", s.seed))?;
+    trace.extend(operations.lock().unwrap().iter().cloned());
     let mut history = history.lock().unwrap().clone();
     history.logs = logs.lock().unwrap().clone();
     history.subscriptions = runs.lock().unwrap().clone();
@@ -490,7 +525,61 @@ fn terms_with_a_leader(history: &History) -> usize {
 }
 
 fn scenario(seed: u64, nodes: usize) -> Scenario {
-    Scenario { seed, nodes, messages: 300, publishers: 3, subscribers: 2 }
+    Scenario { seed, nodes, membership: false, messages: 300, publishers: 3, subscribers: 2 }
+}
+
+/// Four nodes, three of them voters at a time, changed by the operator under the faults.
+fn membership_scenario(seed: u64) -> Scenario {
+    Scenario { membership: true, ..scenario(seed, 4) }
+}
+
+/// One membership change, sent to each node in turn (following redirects) until it is done: a
+/// `200`, or for a removal a `404` (an earlier attempt, whose answer was lost, removed it).
+/// Retried on everything else: no leader, another change in progress, a learner still catching
+/// up or a change not committed in time (`504`), and the sim's 3 s request timeout.
+async fn change_member(nodes: usize, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut target = 0;
+    for attempt in 0..3000usize {
+        match request(&host(target), method, path, body).await {
+            Ok((200, b)) => return (200, b),
+            Ok((404, b)) if method == "DELETE" => return (404, b),
+            Ok((307, b)) => {
+                let leader = b["leader_address"].as_str().and_then(|a| (0..nodes).find(|&i| a.starts_with(&host(i))));
+                if let Some(i) = leader {
+                    target = i;
+                    continue;
+                }
+            }
+            Ok((400 | 401 | 409, b)) => panic!("{method} {path} refused: {b}"),
+            _ => target = (target + 1 + attempt) % nodes,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{method} {path} never done")
+}
+
+/// The operator of [`membership_scenario`]: while publishing lasts, adds the node that is out
+/// and then removes one of the others (drawn with `seed`), so three of the four are voters
+/// between changes; then adds the last one out back, so that every node is a member at the end.
+/// Each change is recorded in `operations`, with its simulated time.
+async fn change_members(nodes: usize, seed: u64, published: Arc<AtomicBool>, operations: Arc<Mutex<Vec<String>>>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x3e3b);
+    let started = tokio::time::Instant::now();
+    let mut out = nodes - 1;
+    let add = |out: usize| json!({"id": out + 1, "address": format!("{}:8080", host(out))});
+    loop {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+        let (status, _) = change_member(nodes, "POST", "/cluster/members", Some(&add(out))).await;
+        operations.lock().unwrap().push(format!("{:?} add {} ({status})", started.elapsed(), host(out)));
+        if published.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+        let removed = (out + rng.gen_range(1..nodes)) % nodes;
+        let (status, _) = change_member(nodes, "DELETE", &format!("/cluster/members/{}", removed + 1), None).await;
+        operations.lock().unwrap().push(format!("{:?} remove {} ({status})", started.elapsed(), host(removed)));
+        out = removed;
+    }
 }
 
 /// A number from the environment (the seed knobs of `scripts/sim.sh`); `None` when unset.
@@ -500,10 +589,22 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
 
 /// Runs every seed and fails with all the failing ones; returns the hand-overs of all runs.
 fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) -> handovers::Counts {
+    check_scenarios(seeds, |seed| scenario(seed, nodes))
+}
+
+/// [`check_seeds`] for the scenario `make` gives each seed.
+fn check_scenarios(seeds: impl IntoIterator<Item = u64>, make: impl Fn(u64) -> Scenario) -> handovers::Counts {
     let mut failures = Vec::new();
     let (mut stops, mut total) = (0, handovers::Counts::default());
+    let mut replay = String::new();
     for seed in seeds {
-        match run(&scenario(seed, nodes)) {
+        let scenario = make(seed);
+        let nodes = scenario.nodes;
+        replay = match scenario.membership {
+            true => "SIM_MEMBERSHIP=1 SIM_SEEDS=1 SIM_SEEDS_FROM=<seed>".to_string(),
+            false => format!("SIM_NODES={nodes} SIM_SEEDS=1 SIM_SEEDS_FROM=<seed>"),
+        };
+        match run(&scenario) {
             Ok(r) => {
                 eprintln!(
                     "seed {seed} ({nodes} nodes): ok, {} acked, {} subscriber connections, {} terms with a leader seen, \
@@ -524,7 +625,7 @@ fn check_seeds(seeds: impl IntoIterator<Item = u64>, nodes: usize) -> handovers:
     eprintln!("{stops} stops of the leader: {} handed over, {} successors stood", total.handed, total.stood);
     assert!(
         failures.is_empty(),
-        "{} seeds failed (replay one with SIM_NODES={nodes} SIM_SEEDS=1 SIM_SEEDS_FROM=<seed> scripts/sim.sh many_seeds):\n{}",
+        "{} seeds failed (replay one with {replay} scripts/sim.sh many_seeds):\n{}",
         failures.len(),
         failures.join("\n\n")
     );
@@ -555,7 +656,8 @@ fn ci_seeds_five_nodes() {
 }
 
 /// `SIM_SEEDS=N` runs N more seeds, from `SIM_SEEDS_FROM` (default 1000), on clusters of
-/// `SIM_NODES` nodes (default 3); skipped when unset.
+/// `SIM_NODES` nodes (default 3), or of [`membership_scenario`] with `SIM_MEMBERSHIP=1`;
+/// skipped when unset.
 #[test]
 #[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
 fn many_seeds() {
@@ -564,8 +666,19 @@ fn many_seeds() {
         return;
     };
     let from = env_number("SIM_SEEDS_FROM").unwrap_or(1000);
+    if env_number::<u8>("SIM_MEMBERSHIP") == Some(1) {
+        check_scenarios(from..from + n, membership_scenario);
+        return;
+    }
     let nodes = env_number("SIM_NODES").unwrap_or(3);
     check_seeds(from..from + n, nodes);
+}
+
+/// [`membership_scenario`]: members added and removed under the faults, the same checks.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn ci_seeds_membership_changes() {
+    check_scenarios(201..=203, membership_scenario);
 }
 
 #[test]

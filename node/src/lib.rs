@@ -65,7 +65,7 @@ pub enum NodeError {
     OtherVoters { path: String, stored: String, given: String },
     #[error(
         "data dir {path} was already made a cluster of its own by --force-new-cluster ({marker} says where): \
-         start it without the flag"
+         start it without the flag (to force it again after another disaster, delete that file first)"
     )]
     ForcedAlready { path: String, marker: String },
     #[error("data dir {path} holds no log: --force-new-cluster recovers a node that has one")]
@@ -97,7 +97,7 @@ where
         .set_node_id(config.id)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
     if config.force_new_cluster {
-        force_new_cluster(&config, &mut store.log_store)?;
+        force_new_cluster(&config, &mut store).await?;
     }
     let metrics = Metrics::default();
     store.log_store.observe_fsyncs(metrics.fsync_observer());
@@ -296,7 +296,8 @@ const FORCED_MARKER: &str = "FORCED_NEW_CLUSTER";
 
 /// `--force-new-cluster`: this node becomes the only voter of its cluster
 /// (`LogStore::force_single_voter`), once per data dir.
-fn force_new_cluster(config: &Config, log_store: &mut raft_store::LogStore) -> Result<(), NodeError> {
+async fn force_new_cluster(config: &Config, store: &mut raft_store::Store) -> Result<(), NodeError> {
+    use openraft::storage::RaftStateMachine;
     let path = config.data_dir.display().to_string();
     let marker = config.data_dir.join(FORCED_MARKER);
     if marker.exists() {
@@ -304,11 +305,16 @@ fn force_new_cluster(config: &Config, log_store: &mut raft_store::LogStore) -> R
     }
     let node = Node { addr: config.advertise.clone() };
     let data_dir_error = |source| NodeError::DataDir { path: path.clone(), source };
-    let Some(log_id) = log_store.force_single_voter(config.id, node).map_err(data_dir_error)? else {
+    let (applied, _) = store.state_machine.applied_state().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+    let forced = store.log_store.force_single_voter(config.id, node, applied).map_err(data_dir_error)?;
+    let Some(log_id) = forced else {
         return Err(NodeError::NothingToForce { path });
     };
+    // The marker and its directory entry fsynced: lost in a power cut, a flag left set would
+    // force again on the next start.
     let written = std::fs::write(&marker, format!("membership of node-{} alone at log {log_id}\n", config.id))
-        .and_then(|()| std::fs::File::open(&marker)?.sync_all());
+        .and_then(|()| std::fs::File::open(&marker)?.sync_all())
+        .and_then(|()| std::fs::File::open(&config.data_dir)?.sync_all());
     written.map_err(|e| data_dir_error(raft_store::StoreError::Io(e)))?;
     tracing::warn!(
         %log_id, advertise = %config.advertise,

@@ -172,15 +172,34 @@ impl LogStore {
     /// above any this node saw or voted in, then saves a committed vote for `id` in that term:
     /// openraft restores a node alone in its membership as the leader of its committed vote
     /// (vendor/openraft, `Engine::startup`), which then commits this entry and every entry before
-    /// it. Entries the lost nodes alone held are gone. Returns the entry's log id; `None`, and
-    /// nothing written, for a log that holds nothing (no cluster to recover).
-    pub fn force_single_voter(&mut self, id: NodeId, node: crate::Node) -> Result<Option<LogId>, StoreError> {
+    /// it. Entries the lost nodes alone held are gone.
+    ///
+    /// `applied` is the state machine's last applied entry, which may be past the log's end (a
+    /// snapshot install redone at open, whose purge of the log never ran; a power cut that kept
+    /// an apply but not the entries). openraft reads membership entries only after it, so the
+    /// new one must come after it too: the log is purged up to it first (durably), as openraft
+    /// would at start. Returns the entry's log id; `None`, and nothing written, when neither the
+    /// log nor the state machine holds anything (no cluster to recover).
+    pub fn force_single_voter(
+        &mut self,
+        id: NodeId,
+        node: crate::Node,
+        applied: Option<LogId>,
+    ) -> Result<Option<LogId>, StoreError> {
         let last_purged: Option<LogId> = self.get_meta(LAST_PURGED)?;
-        let Some(last) = self.last_log_id()?.or(last_purged) else {
+        let log_end = self.last_log_id()?.or(last_purged);
+        let Some(last) = log_end.into_iter().chain(applied).max_by_key(|l| l.index) else {
             return Ok(None);
         };
+        if log_end.is_none_or(|end| end.index < last.index) {
+            let bytes = bincode::serialize(&last).map_err(StoreError::decode("purged"))?;
+            self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, LAST_PURGED, bytes, &synced())?;
+            self.segments.purge(last.index)?;
+            self.recent().purged(last.index);
+        }
         let vote: Option<Vote> = self.get_meta(VOTE)?;
-        let term = vote.map_or(0, |v| v.leader_id.term).max(last.leader_id.term) + 1;
+        let seen_terms = [vote.map(|v| v.leader_id.term), log_end.map(|l| l.leader_id.term), Some(last.leader_id.term)];
+        let term = seen_terms.into_iter().flatten().max().unwrap_or(0) + 1;
         let log_id = LogId::new(openraft::CommittedLeaderId::new(term, id), last.index + 1);
         let membership = openraft::Membership::new(
             vec![std::collections::BTreeSet::from([id])],

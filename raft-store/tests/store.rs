@@ -753,7 +753,7 @@ async fn forcing_a_single_voter_appends_its_membership_under_a_new_term() {
     store.log_store.blocking_append(vec![entry(1, create("a")), entry(2, publish("a", "x"))]).await.unwrap();
     store.log_store.save_vote(&openraft::Vote::new_committed(3, 2)).await.unwrap();
     let node = raft_store::Node { addr: "h:1".into() };
-    let forced = store.log_store.force_single_voter(2, node.clone()).unwrap().expect("a log to force");
+    let forced = store.log_store.force_single_voter(2, node.clone(), None).unwrap().expect("a log to force");
     assert_eq!(forced, LogId::new(CommittedLeaderId::new(4, 2), 3));
     close(store).await;
 
@@ -770,6 +770,18 @@ async fn forcing_a_single_voter_appends_its_membership_under_a_new_term() {
 
     let empty = tempfile::tempdir().unwrap();
     let mut store = raft_store::open(empty.path()).unwrap();
-    assert_eq!(store.log_store.force_single_voter(1, node).unwrap(), None);
+    assert_eq!(store.log_store.force_single_voter(1, node.clone(), None).unwrap(), None);
     assert_eq!(store.log_store.read_vote().await.unwrap(), None);
+    close(store).await;
+
+    // The state machine past the log's end (an install redone at open, its purge never run):
+    // the log is purged up to it and the entry follows it.
+    let behind = tempfile::tempdir().unwrap();
+    let mut store = raft_store::open(behind.path()).unwrap();
+    store.log_store.blocking_append(vec![entry(1, create("a"))]).await.unwrap();
+    let applied = LogId::new(CommittedLeaderId::new(5, 1), 40);
+    let forced = store.log_store.force_single_voter(3, node, Some(applied)).unwrap().expect("a state to force");
+    assert_eq!(forced, LogId::new(CommittedLeaderId::new(6, 3), 41));
+    let state = store.log_store.get_log_state().await.unwrap();
+    assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(applied), Some(forced)));
 }
