@@ -1303,6 +1303,88 @@ fn a_node_is_added_and_a_cut_off_voter_removed_without_losing_a_publish() {
     assert!(violations.is_empty(), "violations: {violations:?}");
 }
 
+/// A change cut short by a leader change leaves a joint configuration, which openraft does not
+/// finish by itself, and the same change sent again finishes it. Four voters L, A, B, C; with A
+/// and B cut off from L, L proposes the removal of C: its joint configuration reaches C but
+/// cannot commit (3 of the 4 old voters are needed). L is then cut off from C too: C, whose
+/// log is the longest, is elected (its majorities of both sets are A, B and
+/// itself) and commits the joint configuration, and nobody proposes the final one, so
+/// `membership_joint` stays true. The removal of C sent again to C finishes it: C steps down,
+/// and A or B leads the final membership {L, A, B}.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_joint_configuration_left_by_a_leader_change_is_finished_by_the_same_change_again() {
+    const HOSTS: usize = 4;
+    const JOINING: usize = 3;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(13);
+    add_nodes_configured(&mut sim, HOSTS, dir.path(), |i, config| {
+        config.cluster_secret = None;
+        if i == JOINING {
+            config.join = true;
+            config.peers = BTreeMap::from([(i as u64 + 1, config.advertise.clone())]);
+        } else {
+            config.peers.remove(&(JOINING as u64 + 1));
+        }
+    });
+    /// What the operator asks of the loop: cut two nodes apart, both ways.
+    struct Cut(usize, usize);
+    let asks: Arc<Mutex<Vec<Cut>>> = Arc::default();
+    let outcome: Arc<Mutex<Option<(usize, usize, Value, Value)>>> = Arc::default();
+    {
+        let (asks, outcome) = (asks.clone(), outcome.clone());
+        sim.client("operator", async move {
+            let leader = loop {
+                if let Some((leader, _)) = agreed_leader(0..3).await {
+                    break leader;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let joining = json!({"id": JOINING + 1, "address": format!("{}:8080", host(JOINING))});
+            let (status, body) = change_member(HOSTS, "POST", "/cluster/members", Some(&joining)).await;
+            assert_eq!(status, 200, "{body}");
+            let others: Vec<usize> = (0..HOSTS).filter(|&i| i != leader).collect();
+            let (a, b, c) = (others[0], others[1], others[2]);
+            for far in [a, b] {
+                asks.lock().unwrap().push(Cut(leader, far));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Not committed: the 504 of the change's timeout, or the sim's own request timeout.
+            let removal = format!("/cluster/members/{}", c + 1);
+            let cut_short = request(&host(leader), "DELETE", &removal, None).await;
+            assert!(!matches!(cut_short, Ok((200, _))), "{cut_short:?}");
+            asks.lock().unwrap().push(Cut(leader, c));
+            let joint = loop {
+                // The three still name L until one of them is elected.
+                if let Some((new_leader, _)) = agreed_leader([a, b, c]).await.filter(|(l, _)| *l != leader) {
+                    let (_, info) = request(&host(new_leader), "GET", "/cluster", None).await.unwrap_or_default();
+                    if info["membership_joint"] == json!(true) && info["role"] == "leader" {
+                        break info;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let (status, finished) = change_member(HOSTS, "DELETE", &removal, None).await;
+            assert_eq!(status, 200, "{finished}");
+            *outcome.lock().unwrap() = Some((leader, c, joint, finished));
+            Ok(())
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        for Cut(x, y) in asks.lock().unwrap().drain(..) {
+            sim.partition(host(x), host(y));
+        }
+    }
+    let (leader, removed, joint, finished) = outcome.lock().unwrap().clone().expect("the scenario ran to its end");
+    assert_eq!(joint["leader_id"], json!(format!("node-{}", removed + 1)), "{joint}");
+    assert_eq!(finished["joint"], json!(false), "{finished}");
+    let voters: Vec<&str> =
+        finished["members"].as_array().unwrap().iter().map(|m| m["node_id"].as_str().unwrap()).collect();
+    let mut expected: Vec<String> = (0..HOSTS).filter(|&i| i != removed).map(|i| format!("node-{}", i + 1)).collect();
+    expected.sort();
+    assert_eq!(voters, expected, "{finished}; the first leader was {}", host(leader));
+}
+
 /// The next answer on a publishing socket, as JSON (pings and pongs skipped).
 async fn next_answer(ws: &mut SimWs) -> Value {
     loop {
