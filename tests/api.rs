@@ -1536,7 +1536,13 @@ async fn membership_changes_refuse_what_they_cannot_do() {
         info["members"].as_array()?.iter().any(|m| m["node_id"] == "node-5" && m["role"] == "learner").then_some(())
     })
     .await;
-    let r = delete(&format!("{members}/node-5")).await.unwrap();
+    // Listed once appended: until the addition has committed, a removal is another change in
+    // progress (503, retried as the client does).
+    let r = wait_until("the removal taken", Duration::from_secs(10), || async {
+        let r = delete(&format!("{members}/node-5")).await.ok()?;
+        (r.status != 503).then_some(r)
+    })
+    .await;
     assert_eq!((r.status, &r.body["joint"]), (200, &json!(false)), "{r:?}");
     assert_eq!(r.body["members"].as_array().map(Vec::len), Some(1), "{r:?}");
     let r = adding.await.unwrap();

@@ -1330,7 +1330,10 @@ fn a_joint_configuration_left_by_a_leader_change_is_finished_by_the_same_change_
     /// What the operator asks of the loop: cut two nodes apart, both ways.
     struct Cut(usize, usize);
     let asks: Arc<Mutex<Vec<Cut>>> = Arc::default();
-    let outcome: Arc<Mutex<Option<(usize, usize, Value, Value)>>> = Arc::default();
+    /// The first leader, the node removed, the next leader's `/cluster` in the joint
+    /// configuration, and the answer of the removal sent again.
+    type Outcome = (usize, usize, Value, Value);
+    let outcome: Arc<Mutex<Option<Outcome>>> = Arc::default();
     {
         let (asks, outcome) = (asks.clone(), outcome.clone());
         sim.client("operator", async move {
