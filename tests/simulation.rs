@@ -292,20 +292,10 @@ fn run(s: &Scenario) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     handovers::reset();
     let mut sim = new_sim(s.seed);
-    let NodeHandles { offsets, stops } = add_nodes_configured(&mut sim, s.nodes, dir.path(), |i, config| {
+    let NodeHandles { offsets, stops } = add_nodes_configured(&mut sim, s.nodes, dir.path(), |_, config| {
         if s.membership {
-            // No secret: the membership endpoints take the sim's plain requests.
-            config.cluster_secret = None;
-            let joining = s.nodes as u64;
-            match config.id == joining {
-                true => {
-                    config.join = true;
-                    config.peers = BTreeMap::from([(joining, config.advertise.clone())]);
-                }
-                false => drop(config.peers.remove(&joining)),
-            }
+            last_node_joins(s.nodes, config);
         }
-        let _ = i;
     });
     let members_settled = Arc::new(AtomicBool::new(!s.membership));
     let operations = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -524,6 +514,20 @@ fn terms_with_a_leader(history: &History) -> usize {
     terms.len()
 }
 
+/// Of `nodes` hosts, the last starts with `--join` (alone in its `--peers`) and the others form
+/// the cluster without it; no secret, so that the membership endpoints take the sim's plain
+/// requests.
+fn last_node_joins(nodes: usize, config: &mut Config) {
+    config.cluster_secret = None;
+    let joining = nodes as u64;
+    if config.id == joining {
+        config.join = true;
+        config.peers = BTreeMap::from([(joining, config.advertise.clone())]);
+    } else {
+        config.peers.remove(&joining);
+    }
+}
+
 fn scenario(seed: u64, nodes: usize) -> Scenario {
     Scenario { seed, nodes, membership: false, messages: 300, publishers: 3, subscribers: 2 }
 }
@@ -706,10 +710,10 @@ async fn agreed_leader(nodes: impl IntoIterator<Item = usize>) -> Option<(usize,
     Some((id - 1, term))
 }
 
-/// [`agreed_leader`], asked every 100 ms until every node names the same one.
-async fn wait_agreed_leader(nodes: usize) -> (usize, u64) {
+/// [`agreed_leader`], asked every 100 ms until every node of `nodes` names the same one.
+async fn wait_agreed_leader(nodes: impl IntoIterator<Item = usize> + Clone) -> (usize, u64) {
     loop {
-        if let Some(found) = agreed_leader(0..nodes).await {
+        if let Some(found) = agreed_leader(nodes.clone()).await {
             return found;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -738,7 +742,7 @@ fn a_follower_cut_off_and_healed_does_not_unseat_the_leader() {
     {
         let (before, healed, after) = (before.clone(), healed.clone(), after.clone());
         sim.client("observer", async move {
-            *before.lock().unwrap() = Some(wait_agreed_leader(NODES).await);
+            *before.lock().unwrap() = Some(wait_agreed_leader(0..NODES).await);
             while !healed.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -804,7 +808,7 @@ fn a_stopped_leader_hands_over_without_waiting_for_a_cut_off_voter() {
     {
         let (cut_from, cut_done, stop, outcome) = (cut_from.clone(), cut_done.clone(), stop.clone(), outcome.clone());
         sim.client("client", async move {
-            let (leader, term) = wait_agreed_leader(NODES).await;
+            let (leader, term) = wait_agreed_leader(0..NODES).await;
             *cut_from.lock().unwrap() = Some(leader);
             while !cut_done.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -981,7 +985,7 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     {
         let (leader_found, cut, answers) = (leader_found.clone(), cut.clone(), answers.clone());
         sim.client("publisher", async move {
-            let (leader, _) = wait_agreed_leader(NODES).await;
+            let (leader, _) = wait_agreed_leader(0..NODES).await;
             let created = request(&host(leader), "POST", "/topics/t", None).await.map(|(status, _)| status);
             assert_eq!(created, Ok(201));
             let mut ws = websocket(&host(leader), "/topics/t/publish").await?;
@@ -1130,16 +1134,7 @@ fn a_node_is_added_and_a_cut_off_voter_removed_without_losing_a_publish() {
     const SETTLE: Duration = Duration::from_secs(5);
     let dir = tempfile::tempdir().expect("temp dir");
     let mut sim = new_sim(11);
-    add_nodes_configured(&mut sim, HOSTS, dir.path(), |i, config| {
-        // No secret: the membership endpoints take the sim's plain requests.
-        config.cluster_secret = None;
-        if i == JOINING {
-            config.join = true;
-            config.peers = BTreeMap::from([(i as u64 + 1, config.advertise.clone())]);
-        } else {
-            config.peers.remove(&(JOINING as u64 + 1));
-        }
-    });
+    add_nodes_configured(&mut sim, HOSTS, dir.path(), |_, config| last_node_joins(HOSTS, config));
     let history = Arc::new(Mutex::new(History::default()));
     let cut: Arc<Mutex<Option<usize>>> = Arc::default();
     let (cut_made, heal_asked, healed, done) = (
@@ -1178,25 +1173,7 @@ fn a_node_is_added_and_a_cut_off_voter_removed_without_losing_a_publish() {
         let (cut, cut_made, heal_asked, healed, done, outcome) =
             (cut.clone(), cut_made.clone(), heal_asked.clone(), healed.clone(), done.clone(), outcome.clone());
         sim.client("operator", async move {
-            /// A membership change sent to whichever of `nodes` leads, until it is answered
-            /// other than "no leader" or "in progress".
-            async fn change(nodes: &[usize], method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-                loop {
-                    if let Some((leader, _)) = agreed_leader(nodes.iter().copied()).await {
-                        match request(&host(leader), method, path, body).await {
-                            Ok((503 | 307, _)) | Err(_) => {}
-                            Ok(answer) => return answer,
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            let (leader, _) = loop {
-                if let Some(found) = agreed_leader(0..3).await {
-                    break found;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let (leader, _) = wait_agreed_leader(0..3).await;
             let victim = (leader + 1) % 3;
             let others: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
             *cut.lock().unwrap() = Some(victim);
@@ -1205,19 +1182,14 @@ fn a_node_is_added_and_a_cut_off_voter_removed_without_losing_a_publish() {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
             let joining = json!({"id": JOINING + 1, "address": format!("{}:8080", host(JOINING))});
-            let added = change(&others, "POST", "/cluster/members", Some(&joining)).await;
-            let removed = change(&others, "DELETE", &format!("/cluster/members/{}", victim + 1), None).await;
+            let added = change_member(HOSTS, "POST", "/cluster/members", Some(&joining)).await;
+            let removed = change_member(HOSTS, "DELETE", &format!("/cluster/members/{}", victim + 1), None).await;
             heal_asked.store(true, Ordering::SeqCst);
             while !healed.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let members: Vec<usize> = others.iter().copied().chain([JOINING]).collect();
-            let (_, term) = loop {
-                if let Some(found) = agreed_leader(members.iter().copied()).await {
-                    break found;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let (_, term) = wait_agreed_leader(members.iter().copied()).await;
             tokio::time::sleep(SETTLE).await;
             while !done.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1318,15 +1290,7 @@ fn a_joint_configuration_left_by_a_leader_change_is_finished_by_the_same_change_
     const JOINING: usize = 3;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut sim = new_sim(13);
-    add_nodes_configured(&mut sim, HOSTS, dir.path(), |i, config| {
-        config.cluster_secret = None;
-        if i == JOINING {
-            config.join = true;
-            config.peers = BTreeMap::from([(i as u64 + 1, config.advertise.clone())]);
-        } else {
-            config.peers.remove(&(JOINING as u64 + 1));
-        }
-    });
+    add_nodes_configured(&mut sim, HOSTS, dir.path(), |_, config| last_node_joins(HOSTS, config));
     /// What the operator asks of the loop: cut two nodes apart, both ways.
     struct Cut(usize, usize);
     let asks: Arc<Mutex<Vec<Cut>>> = Arc::default();
@@ -1337,12 +1301,7 @@ fn a_joint_configuration_left_by_a_leader_change_is_finished_by_the_same_change_
     {
         let (asks, outcome) = (asks.clone(), outcome.clone());
         sim.client("operator", async move {
-            let leader = loop {
-                if let Some((leader, _)) = agreed_leader(0..3).await {
-                    break leader;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let (leader, _) = wait_agreed_leader(0..3).await;
             let joining = json!({"id": JOINING + 1, "address": format!("{}:8080", host(JOINING))});
             let (status, body) = change_member(HOSTS, "POST", "/cluster/members", Some(&joining)).await;
             assert_eq!(status, 200, "{body}");
