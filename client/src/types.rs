@@ -41,8 +41,8 @@ pub struct ClusterInfo {
     /// (ext) Every member, voters and learners, ordered by id.
     #[serde(default)]
     pub members: Vec<Member>,
-    /// (ext) The membership is a joint configuration: a change was cut short by a leader
-    /// change; the same change sent again finishes it.
+    /// (ext) The membership is a joint configuration: a change is between its two steps (or
+    /// was cut short by a leader change, and the next leader finishes it).
     #[serde(default)]
     pub membership_joint: bool,
 }

@@ -83,6 +83,10 @@ pub struct App {
     pub disk_room: crate::disk_room::DiskRoom,
     /// When this node saw each node's latest claim to be short of disk room.
     pub claims_seen: crate::disk_room::ClaimsSeen,
+    /// Held by the membership change running on this node, a request's
+    /// (`api/members.rs`) or the finishing of a joint configuration (`raft/joint.rs`): one at
+    /// a time, as openraft takes them.
+    pub membership_changes: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A write in the proposer's queue ([`App::queue_write`]), to be awaited with

@@ -153,12 +153,14 @@ where
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
         disk_room: disk_room::DiskRoom::new(config.data_dir.clone(), config.min_free_bytes),
         claims_seen: Default::default(),
+        membership_changes: Default::default(),
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
+    tokio::spawn(raft::joint::run(Arc::downgrade(&app)));
 
     let cluster_id = app.reader.cluster_id();
     tracing::info!(version = VERSION, commit = COMMIT, id = config.id, listen = %config.listen,

@@ -29,7 +29,7 @@ fn node_id(text: &str) -> Result<u64, CliError> {
 }
 
 /// Printed under the members of a joint configuration.
-const JOINT_NOTE: &str = "joint    a membership change was cut short by a leader change: send it again to finish it";
+const JOINT_NOTE: &str = "joint    a membership change is between its two steps (the leader finishes it)";
 
 fn changed(output: &Output, membership: &Membership, what: &str) -> Result<(), CliError> {
     let what = if membership.changed { what.to_string() } else { format!("{what} already") };

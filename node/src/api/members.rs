@@ -166,8 +166,8 @@ fn current_membership(app: &App) -> (Membership<NodeId, Node>, Option<LogId>) {
     (metrics.membership_config.membership().clone(), *metrics.membership_config.log_id())
 }
 
-/// A joint configuration: a change whose final configuration was not proposed (its leader
-/// lost leadership in between). The same request again finishes it.
+/// A joint configuration: a change between its two steps, or one whose leader lost its
+/// leadership in between, until the next leader finishes it (raft/joint.rs).
 pub fn is_joint(membership: &Membership<NodeId, Node>) -> bool {
     membership.get_joint_config().len() > 1
 }
@@ -182,30 +182,38 @@ fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId
 }
 
 /// Runs one membership change (removed nodes are dropped, not kept as learners) and returns
-/// the membership it committed, with its log id. It runs in a task of its own: `change_membership`
-/// proposes the joint configuration and then the final one, and a request dropped in between
-/// (its client gone, or the wait here over) would leave the cluster in the joint one.
+/// the membership it committed, with its log id. It runs in a task of its own, which holds
+/// [`App::membership_changes`] and ends within [`MEMBERSHIP_CHANGE_TIMEOUT`] whether or not the
+/// request still waits: a client gone does not cut the change short between its joint and its
+/// final configuration, and a proposal openraft never answers (one whose entry a snapshot
+/// covered on a deposed leader) does not hold the node's changes for ever. A change cut short
+/// by that timeout is finished by the leader (raft/joint.rs).
 async fn change(
     app: &App,
     where_: &str,
     wanted: ChangeMembers<NodeId, Node>,
 ) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
+    let Ok(running) = app.membership_changes.clone().try_lock_owned() else {
+        return Err(in_progress());
+    };
     let raft = app.raft.clone();
-    let task = tokio::spawn(async move { raft.change_membership(wanted, false).await });
-    match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, task).await {
-        Err(_) => Err(ApiError::RaftTimeout(MEMBERSHIP_CHANGE_TIMEOUT.as_millis())),
-        Ok(Err(panicked)) => Err(ApiError::internal(panicked)),
-        Ok(Ok(Ok(response))) => {
+    let task = tokio::spawn(async move {
+        let changed = tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, raft.change_membership(wanted, false)).await;
+        drop(running);
+        changed
+    });
+    match task.await.map(|changed| changed.ok()) {
+        Ok(None) => Err(ApiError::RaftTimeout(MEMBERSHIP_CHANGE_TIMEOUT.as_millis())),
+        Err(panicked) => Err(ApiError::internal(panicked)),
+        Ok(Some(Ok(response))) => {
             let membership = response.membership.unwrap_or_else(|| current_membership(app).0);
             Ok((response.log_id, membership))
         }
-        Ok(Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => {
+        Ok(Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => {
             Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader))
         }
-        Ok(Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
-            ChangeMembershipError::InProgress(_) => {
-                ApiError::Unavailable("another membership change is in progress; retry once it has committed".into())
-            }
+        Ok(Some(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
+            ChangeMembershipError::InProgress(_) => in_progress(),
             ChangeMembershipError::EmptyMembership(_) => {
                 ApiError::InvalidRequest("the change would leave the cluster without a voter".into())
             }
@@ -213,8 +221,12 @@ async fn change(
                 ApiError::MemberConflict(format!("node-{} is no longer a member (removed meanwhile)", e.node_id))
             }
         }),
-        Ok(Ok(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
+        Ok(Some(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
     }
+}
+
+fn in_progress() -> ApiError {
+    ApiError::Unavailable("another membership change is in progress; retry once it has committed".into())
 }
 
 /// Waits until the leader has replicated to learner `id` its log up to `target` (the

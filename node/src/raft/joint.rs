@@ -1,0 +1,86 @@
+//! A leader finishes a joint configuration left by a leader change.
+//!
+//! openraft runs a membership change as a joint configuration (the old voters and the new
+//! ones, a majority of each needed) and then the final one (the new voters alone), both
+//! proposed by the leader that took the change. A leader that loses its leadership after the
+//! joint configuration was appended, and before it proposed the final one, leaves the cluster
+//! in the joint configuration, and openraft's next leader does not go on by itself: every
+//! commit would still need a majority of the old voters, a removed node among them. Raft's
+//! joint consensus (Ongaro's thesis §4.3) and etcd's `ConfChangeV2` with auto-leave finish it
+//! in the leader instead, and so does [`run`]: once this node leads with a committed joint
+//! configuration, it proposes the final one, the joint configuration's new voters.
+//!
+//! One membership change runs at a time on a node ([`crate::app::App::membership_changes`]):
+//! while a request's change holds it, that change proposes the final configuration itself.
+
+use std::collections::BTreeSet;
+use std::sync::Weak;
+
+use openraft::{ChangeMembers, ServerState};
+use raft_store::typ::RaftMetrics;
+use raft_store::NodeId;
+
+use crate::app::App;
+use crate::limits::{JOINT_FINISH_RETRY, MEMBERSHIP_CHANGE_TIMEOUT};
+
+/// Watches this node's Raft metrics until the node stops, and finishes every committed joint
+/// configuration it leads with.
+pub async fn run(app: Weak<App>) {
+    let Some((mut metrics, shutdown)) = app.upgrade().map(|a| (a.raft.metrics(), a.shutdown.clone())) else {
+        return;
+    };
+    loop {
+        let unfinished = unfinished_joint(&metrics.borrow_and_update());
+        if let (Some(voters), Some(app)) = (unfinished, app.upgrade()) {
+            if !finish(&app, voters).await {
+                tokio::select! {
+                    () = tokio::time::sleep(JOINT_FINISH_RETRY) => {}
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The voters of the final configuration (the joint configuration's last set) when this node
+/// leads with a joint configuration that has committed (applied, here): openraft takes a change
+/// only once the membership before it has committed.
+fn unfinished_joint(m: &RaftMetrics) -> Option<BTreeSet<NodeId>> {
+    let configs = m.membership_config.membership().get_joint_config();
+    let committed = m.membership_config.log_id() <= &m.last_applied;
+    match (m.state, configs.as_slice()) {
+        (ServerState::Leader, [_, .., last]) if committed => Some(last.clone()),
+        _ => None,
+    }
+}
+
+/// Proposes the final configuration `voters`, unless a membership change already runs on this
+/// node. False when it should be tried again later.
+async fn finish(app: &App, voters: BTreeSet<NodeId>) -> bool {
+    let Ok(_running) = app.membership_changes.clone().try_lock_owned() else {
+        tracing::debug!(
+            "the membership is joint while a change runs on this node: that change goes on to the final one"
+        );
+        return true;
+    };
+    tracing::warn!(?voters, "the membership is a joint configuration left by a leader change: proposing its final one");
+    let change = app.raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false);
+    match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, change).await {
+        Ok(Ok(response)) => {
+            tracing::info!(?voters, log_id = %response.log_id, "the joint configuration is finished");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "finishing the joint configuration failed; trying again");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(?voters, "finishing the joint configuration did not commit in time; trying again");
+            false
+        }
+    }
+}
