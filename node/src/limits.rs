@@ -301,9 +301,9 @@ pub const MEMBER_PROMOTE_LAG_MAX: u64 = 64;
 /// How long a membership change (its joint and then its final configuration) may take to
 /// commit before the request answers 504 `raft_timeout` (it may still commit).
 pub const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a leader waits after a failed attempt to finish a joint configuration left by a
-/// leader change (raft/joint.rs) before it tries again.
-pub const JOINT_FINISH_RETRY: Duration = Duration::from_secs(1);
+/// How often a node checks whether it leads with a joint configuration left by a leader change
+/// (raft/joint.rs), and so how soon it finishes one, or tries again after a failed attempt.
+pub const JOINT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// (topic, subscriber) acks held between flushes: one per subscription the node may serve,
 /// so an ack is dropped only when acks of ended subscriptions pile up behind a long outage.

@@ -21,27 +21,31 @@ use raft_store::typ::RaftMetrics;
 use raft_store::NodeId;
 
 use crate::app::App;
-use crate::limits::{JOINT_FINISH_RETRY, MEMBERSHIP_CHANGE_TIMEOUT};
+use crate::limits::{JOINT_CHECK_INTERVAL, MEMBERSHIP_CHANGE_TIMEOUT};
 
-/// Watches this node's Raft metrics until the node stops, and finishes every committed joint
-/// configuration it leads with.
+/// Checks every [`JOINT_CHECK_INTERVAL`] until the node stops, and finishes a committed joint
+/// configuration this node leads with. A timer, not a watch on the Raft metrics: they change
+/// several times per entry, and a joint configuration left for a second more costs nothing.
 pub async fn run(app: Weak<App>) {
-    let Some((mut metrics, shutdown)) = app.upgrade().map(|a| (a.raft.metrics(), a.shutdown.clone())) else {
+    let Some(shutdown) = app.upgrade().map(|a| a.shutdown.clone()) else {
         return;
     };
+    let mut ticks = tokio::time::interval(JOINT_CHECK_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let unfinished = unfinished_joint(&metrics.borrow_and_update());
-        if let (Some(voters), Some(app)) = (unfinished, app.upgrade()) {
-            if !finish(&app, voters).await {
-                tokio::select! {
-                    () = tokio::time::sleep(JOINT_FINISH_RETRY) => {}
-                    () = shutdown.cancelled() => return,
-                }
-            }
-        }
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            _ = ticks.tick() => {}
             () = shutdown.cancelled() => return,
+        }
+        let Some(app) = app.upgrade() else {
+            return;
+        };
+        let unfinished = unfinished_joint(&app.raft.metrics().borrow());
+        if let Some(voters) = unfinished {
+            tokio::select! {
+                () = finish(&app, voters) => {}
+                () = shutdown.cancelled() => return,
+            }
         }
     }
 }
@@ -59,28 +63,19 @@ fn unfinished_joint(m: &RaftMetrics) -> Option<BTreeSet<NodeId>> {
 }
 
 /// Proposes the final configuration `voters`, unless a membership change already runs on this
-/// node. False when it should be tried again later.
-async fn finish(app: &App, voters: BTreeSet<NodeId>) -> bool {
+/// node. A failure is logged, and the next check tries again.
+async fn finish(app: &App, voters: BTreeSet<NodeId>) {
     let Ok(_running) = app.membership_changes.clone().try_lock_owned() else {
         tracing::debug!(
             "the membership is joint while a change runs on this node: that change goes on to the final one"
         );
-        return true;
+        return;
     };
     tracing::warn!(?voters, "the membership is a joint configuration left by a leader change: proposing its final one");
     let change = app.raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false);
     match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, change).await {
-        Ok(Ok(response)) => {
-            tracing::info!(?voters, log_id = %response.log_id, "the joint configuration is finished");
-            true
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "finishing the joint configuration failed; trying again");
-            false
-        }
-        Err(_) => {
-            tracing::warn!(?voters, "finishing the joint configuration did not commit in time; trying again");
-            false
-        }
+        Ok(Ok(response)) => tracing::info!(?voters, log_id = %response.log_id, "the joint configuration is finished"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "finishing the joint configuration failed; trying again"),
+        Err(_) => tracing::warn!(?voters, "finishing the joint configuration did not commit in time"),
     }
 }
