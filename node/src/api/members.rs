@@ -193,12 +193,16 @@ async fn change(
     where_: &str,
     wanted: ChangeMembers<NodeId, Node>,
 ) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
-    let Ok(running) = app.membership_changes.clone().try_lock_owned() else {
+    // Another change on this node (a request's, or the finishing of a joint configuration) is
+    // waited for, within the same bound; openraft's own refusal below stays a 503.
+    let deadline = tokio::time::Instant::now() + MEMBERSHIP_CHANGE_TIMEOUT;
+    let lock = app.membership_changes.clone().lock_owned();
+    let Ok(running) = tokio::time::timeout_at(deadline, lock).await else {
         return Err(in_progress());
     };
     let raft = app.raft.clone();
     let task = tokio::spawn(async move {
-        let changed = tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, raft.change_membership(wanted, false)).await;
+        let changed = tokio::time::timeout_at(deadline, raft.change_membership(wanted, false)).await;
         drop(running);
         changed
     });

@@ -66,15 +66,18 @@ fn others_needed(voters: usize) -> usize {
 }
 
 /// The voter other than `me` whose replicated log reaches furthest, with that index (`None`
-/// when this node is the only voter or does not lead).
+/// when this node is the only voter or does not lead). In a joint configuration, a voter of
+/// the final one first: one being removed would finish the change by removing itself
+/// (raft/joint.rs) and cost a second election.
 fn successor(metrics: &openraft::RaftMetrics<NodeId, raft_store::Node>, me: NodeId) -> Option<(NodeId, Option<u64>)> {
     let replication: &BTreeMap<NodeId, _> = metrics.replication.as_ref()?;
-    let voters = metrics.membership_config.membership();
-    voters
+    let membership = metrics.membership_config.membership();
+    let staying = membership.get_joint_config().last().cloned().unwrap_or_default();
+    membership
         .voter_ids()
         .filter(|&id| id != me)
         .map(|id| (id, replication.get(&id).cloned().flatten().map(|log_id| log_id.index)))
-        .max_by_key(|&(id, matched)| (matched, std::cmp::Reverse(id)))
+        .max_by_key(|&(id, matched)| (staying.contains(&id), matched, std::cmp::Reverse(id)))
 }
 
 impl Handover {
@@ -152,6 +155,17 @@ mod tests {
         assert_eq!(successor(&metrics(1, &[(2, Some(7)), (3, None)]), 1), Some((2, Some(7))));
         // Equally far: the lower id, so the choice does not depend on map order.
         assert_eq!(successor(&metrics(2, &[(1, Some(4)), (3, Some(4))]), 2), Some((1, Some(4))));
+    }
+
+    #[test]
+    fn in_a_joint_configuration_the_successor_is_a_voter_that_stays() {
+        // Joint {1, 2, 3} → {1, 2}: node 3, furthest along, is being removed.
+        let mut m = metrics(1, &[(2, Some(5)), (3, Some(7))]);
+        let nodes: BTreeMap<NodeId, Node> =
+            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect();
+        let joint = Membership::new(vec![BTreeSet::from([1, 2, 3]), BTreeSet::from([1, 2])], nodes);
+        m.membership_config = std::sync::Arc::new(StoredMembership::new(None, joint));
+        assert_eq!(successor(&m, 1), Some((2, Some(5))));
     }
 
     #[test]

@@ -71,7 +71,15 @@ async fn finish(app: &App, voters: BTreeSet<NodeId>) {
         );
         return;
     };
-    tracing::warn!(?voters, "the membership is a joint configuration left by a leader change: proposing its final one");
+    // Read again under the lock: a request's change may have ended between the check and it.
+    if unfinished_joint(&app.raft.metrics().borrow()).as_ref() != Some(&voters) {
+        return;
+    }
+    tracing::warn!(
+        ?voters,
+        "the membership is a joint configuration left unfinished (by a leader change, or a change that timed \
+         out): proposing its final one"
+    );
     let change = app.raft.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), false);
     match tokio::time::timeout(MEMBERSHIP_CHANGE_TIMEOUT, change).await {
         Ok(Ok(response)) => tracing::info!(?voters, log_id = %response.log_id, "the joint configuration is finished"),
