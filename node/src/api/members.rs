@@ -102,7 +102,8 @@ pub async fn add(
         // Dials to either would reach the one node there: a member that is never there.
         return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
     }
-    let added_at = match membership.get_node(&id) {
+    // The membership entry a learner must hold before it votes; `None` when it votes already.
+    let catch_up_to = match membership.get_node(&id) {
         Some(node) if node.addr != address => {
             return Err(ApiError::MemberConflict(format!(
                 "node-{id} is already a member at {}; remove it first to give it another address",
@@ -110,21 +111,26 @@ pub async fn add(
             )))
         }
         // A voter of a final configuration: nothing to do. A voter of a joint one (a change
-        // cut short by a leader change) goes on to the final configuration below.
-        Some(_) if membership.voter_ids().any(|v| v == id) && !is_joint(&membership) => {
-            return Ok(Json(answer(&app, &membership, membership_log_id, false)));
-        }
+        // left unfinished, its final configuration perhaps without this node) holds the log
+        // already: made a voter of the final one below, at once, before the finishing
+        // (raft/joint.rs) drops it.
+        Some(_) if membership.voter_ids().any(|v| v == id) => match is_joint(&membership) {
+            false => return Ok(Json(answer(&app, &membership, membership_log_id, false))),
+            true => None,
+        },
         // A learner already (an earlier request that timed out): wait on.
-        Some(_) => membership_log_id,
+        Some(_) => Some(membership_log_id),
         None => {
             tracing::info!(node = id, %address, "adding a learner");
             let (added, _) =
                 change(&app, &where_, ChangeMembers::AddNodes([(id, Node { addr: address })].into())).await?;
-            Some(added)
+            Some(Some(added))
         }
     };
-    wait_caught_up(&app, &where_, id, added_at).await?;
-    tracing::info!(node = id, "the learner holds the log; making it a voter");
+    if let Some(target) = catch_up_to {
+        wait_caught_up(&app, &where_, id, target).await?;
+    }
+    tracing::info!(node = id, "the node holds the log; making it a voter");
     let (log_id, membership) = change(&app, &where_, ChangeMembers::AddVoterIds([id].into())).await?;
     Ok(Json(answer(&app, &membership, Some(log_id), true)))
 }
