@@ -192,10 +192,7 @@ impl LogStore {
             return Ok(None);
         };
         if log_end.is_none_or(|end| end.index < last.index) {
-            let bytes = bincode::serialize(&last).map_err(StoreError::decode("purged"))?;
-            self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, LAST_PURGED, bytes, &synced())?;
-            self.segments.purge(last.index)?;
-            self.recent().purged(last.index);
+            self.purge_to(last, true)?;
         }
         let vote: Option<Vote> = self.get_meta(VOTE)?;
         let seen_terms = [vote.map(|v| v.leader_id.term), log_end.map(|l| l.leader_id.term), Some(last.leader_id.term)];
@@ -209,12 +206,29 @@ impl LogStore {
         let record = Record::encode(&entry)?;
         let len = record.payload_len();
         self.segments.append(log_id.index, vec![record])?;
-        self.segments.sync()?;
         self.recent().appended(vec![(entry, len)]);
-        let vote = Vote::new_committed(term, id);
-        let bytes = bincode::serialize(&vote).map_err(StoreError::decode("vote"))?;
-        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, VOTE, bytes, &synced())?;
+        // Fsyncs the entry before the vote.
+        self.write_vote(&Vote::new_committed(term, id))?;
         Ok(Some(log_id))
+    }
+
+    /// Records `log_id` as the last purged entry (fsynced when `durable`) and drops the log up
+    /// to it.
+    fn purge_to(&mut self, log_id: LogId, durable: bool) -> Result<(), StoreError> {
+        let bytes = bincode::serialize(&log_id).map_err(StoreError::decode("purged"))?;
+        let durability = if durable { synced() } else { unsynced() };
+        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, LAST_PURGED, bytes, &durability)?;
+        self.segments.purge(log_id.index)?;
+        self.recent().purged(log_id.index);
+        Ok(())
+    }
+
+    /// Fsyncs the log, then saves `vote`, fsynced (why in that order: `save_vote`).
+    fn write_vote(&mut self, vote: &Vote) -> Result<(), StoreError> {
+        self.segments.sync()?;
+        let bytes = bincode::serialize(vote).map_err(StoreError::decode("vote"))?;
+        self.db.put_cf_opt(cf(&self.db, CF_RAFT)?, VOTE, bytes, &synced())?;
+        Ok(())
     }
 
     /// Highest committed log index known to this node.
@@ -400,10 +414,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// waiting for their flush; after this, every entry appended under an older vote is durable
     /// before the node acts under the new one. Votes change rarely, so this costs little.
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        self.segments.sync().map_err(write_err)?;
-        let bytes = bincode::serialize(vote).map_err(|e| write_err(StoreError::decode("vote")(e)))?;
-        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
-        self.db.put_cf_opt(raft, VOTE, bytes, &synced()).map_err(write_err)
+        self.write_vote(vote).map_err(write_err)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -496,13 +507,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// never starts after a gap; any other purge is not fsynced, and if a crash loses it, it is
     /// redone.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let raft = cf(&self.db, CF_RAFT).map_err(write_err)?;
-        let bytes = bincode::serialize(&log_id).map_err(|e| write_err(StoreError::decode("purged")(e)))?;
         let must_be_durable = self.segments.purge_must_be_durable(log_id.index);
-        let durability = if must_be_durable { synced() } else { unsynced() };
-        self.db.put_cf_opt(raft, LAST_PURGED, bytes, &durability).map_err(write_err)?;
-        self.segments.purge(log_id.index).map_err(write_err)?;
-        self.recent().purged(log_id.index);
+        self.purge_to(log_id, must_be_durable).map_err(write_err)?;
         // Once per snapshot: from here on a follower behind this index needs a snapshot.
         tracing::info!(upto = log_id.index, "purged log");
         Ok(())

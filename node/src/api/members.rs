@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::limits::{
     MEMBERSHIP_CHANGE_TIMEOUT, MEMBER_BODY_BYTES_MAX, MEMBER_CATCH_UP_TIMEOUT, MEMBER_PROMOTE_LAG_MAX,
 };
+use crate::raft::joint::is_joint;
 use crate::raft::server::require_secret;
 use crate::serve::ClientAddr;
 
@@ -170,12 +171,6 @@ fn current_membership(app: &App) -> (Membership<NodeId, Node>, Option<LogId>) {
     let metrics = app.raft.metrics();
     let metrics = metrics.borrow();
     (metrics.membership_config.membership().clone(), *metrics.membership_config.log_id())
-}
-
-/// A joint configuration: a change between its two steps, or one whose leader lost its
-/// leadership in between, until the next leader finishes it (raft/joint.rs).
-pub fn is_joint(membership: &Membership<NodeId, Node>) -> bool {
-    membership.get_joint_config().len() > 1
 }
 
 fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId>, changed: bool) -> Value {

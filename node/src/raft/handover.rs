@@ -72,7 +72,7 @@ fn others_needed(voters: usize) -> usize {
 fn successor(metrics: &openraft::RaftMetrics<NodeId, raft_store::Node>, me: NodeId) -> Option<(NodeId, Option<u64>)> {
     let replication: &BTreeMap<NodeId, _> = metrics.replication.as_ref()?;
     let membership = metrics.membership_config.membership();
-    let staying = membership.get_joint_config().last().cloned().unwrap_or_default();
+    let staying = super::joint::final_voters(membership);
     membership
         .voter_ids()
         .filter(|&id| id != me)

@@ -16,9 +16,9 @@
 use std::collections::BTreeSet;
 use std::sync::Weak;
 
-use openraft::{ChangeMembers, ServerState};
+use openraft::{ChangeMembers, Membership, ServerState};
 use raft_store::typ::RaftMetrics;
-use raft_store::NodeId;
+use raft_store::{Node, NodeId};
 
 use crate::app::App;
 use crate::limits::{JOINT_CHECK_INTERVAL, MEMBERSHIP_CHANGE_TIMEOUT};
@@ -50,16 +50,25 @@ pub async fn run(app: Weak<App>) {
     }
 }
 
-/// The voters of the final configuration (the joint configuration's last set) when this node
-/// leads with a joint configuration that has committed (applied, here): openraft takes a change
-/// only once the membership before it has committed.
+/// A joint configuration: a change between its two steps, or one whose leader lost its
+/// leadership in between, until the next leader finishes it ([`run`]).
+pub fn is_joint(membership: &Membership<NodeId, Node>) -> bool {
+    membership.get_joint_config().len() > 1
+}
+
+/// The voters a membership ends with: all of them in a final configuration, the new set in a
+/// joint one.
+pub fn final_voters(membership: &Membership<NodeId, Node>) -> BTreeSet<NodeId> {
+    membership.get_joint_config().last().cloned().unwrap_or_default()
+}
+
+/// The voters of the final configuration when this node leads with a joint configuration that
+/// has committed (applied, here): openraft takes a change only once the membership before it
+/// has committed.
 fn unfinished_joint(m: &RaftMetrics) -> Option<BTreeSet<NodeId>> {
-    let configs = m.membership_config.membership().get_joint_config();
+    let membership = m.membership_config.membership();
     let committed = m.membership_config.log_id() <= &m.last_applied;
-    match (m.state, configs.as_slice()) {
-        (ServerState::Leader, [_, .., last]) if committed => Some(last.clone()),
-        _ => None,
-    }
+    (m.state == ServerState::Leader && is_joint(membership) && committed).then(|| final_voters(membership))
 }
 
 /// Proposes the final configuration `voters`, unless a membership change already runs on this
