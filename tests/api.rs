@@ -1537,8 +1537,9 @@ async fn membership_changes_refuse_what_they_cannot_do() {
     })
     .await;
     // Listed once appended: until the addition has committed, a removal is another change in
-    // progress (503, retried as the client does).
-    let r = wait_until("the removal taken", Duration::from_secs(10), || async {
+    // progress (503, retried as the client does). One attempt may wait up to 10 s on the node for
+    // the change running there before its 503, so the wait allows a few.
+    let r = wait_until("the removal taken", Duration::from_secs(30), || async {
         let r = delete(&format!("{members}/node-5")).await.ok()?;
         (r.status != 503).then_some(r)
     })
