@@ -1536,9 +1536,8 @@ async fn membership_changes_refuse_what_they_cannot_do() {
         info["members"].as_array()?.iter().any(|m| m["node_id"] == "node-5" && m["role"] == "learner").then_some(())
     })
     .await;
-    // Listed once appended: until the addition has committed, a removal is another change in
-    // progress (503, retried as the client does). One attempt may wait up to 10 s on the node for
-    // the change running there before its 503, so the wait allows a few.
+    // Listed once appended: the removal waits on the node for the addition's change to commit
+    // (up to 10 s, then 503, retried as the client does), so the wait allows a few attempts.
     let r = wait_until("the removal taken", Duration::from_secs(30), || async {
         let r = delete(&format!("{members}/node-5")).await.ok()?;
         (r.status != 503).then_some(r)

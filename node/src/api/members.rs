@@ -195,12 +195,14 @@ async fn change(
     wanted: ChangeMembers<NodeId, Node>,
 ) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
     // Another change on this node (a request's, or the finishing of a joint configuration) is
-    // waited for, within the same bound; openraft's own refusal below stays a 503.
+    // waited for, and so is the commit of the membership the leader holds, within the same
+    // bound; openraft's own refusal below (another leader's change) stays a 503.
     let deadline = tokio::time::Instant::now() + MEMBERSHIP_CHANGE_TIMEOUT;
     let lock = app.membership_changes.clone().lock_owned();
     let Ok(running) = tokio::time::timeout_at(deadline, lock).await else {
         return Err(in_progress());
     };
+    wait_membership_committed(app, where_, deadline).await?;
     let raft = app.raft.clone();
     let task = tokio::spawn(async move {
         let changed = tokio::time::timeout_at(deadline, raft.change_membership(wanted, false)).await;
@@ -227,6 +229,22 @@ async fn change(
             }
         }),
         Ok(Some(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
+    }
+}
+
+/// Waits, until `deadline`, for the membership this leader holds to commit: openraft refuses a
+/// change until then. A leader just elected (or just initialized) has not yet committed the
+/// membership it inherited, nor has one whose last change's final step is still on its way.
+async fn wait_membership_committed(app: &App, where_: &str, deadline: tokio::time::Instant) -> Result<(), ApiError> {
+    let committed = |m: &raft_store::typ::RaftMetrics| {
+        m.state != ServerState::Leader || m.membership_config.log_id() <= &m.last_applied
+    };
+    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match app.raft.wait(Some(timeout)).metrics(committed, "the membership has committed").await {
+        Ok(m) if m.state != ServerState::Leader => Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)),
+        Ok(_) => Ok(()),
+        Err(openraft::metrics::WaitError::Timeout(..)) => Err(in_progress()),
+        Err(openraft::metrics::WaitError::ShuttingDown) => Err(ApiError::Unavailable("the node is stopping".into())),
     }
 }
 
