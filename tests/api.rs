@@ -1548,6 +1548,31 @@ async fn membership_changes_refuse_what_they_cannot_do() {
     let r = adding.await.unwrap();
     assert!(r.status == 409 && is_error_body(&r.body, "member_conflict"), "{r:?}");
 
+    // Two nodes added at one address at once: both pass the check on the membership they read
+    // first, and the one whose change comes second is refused on the membership as it then is.
+    let add = |id: u64| {
+        let members = members.clone();
+        tokio::spawn(async move { post(&members, &json!({"id": id, "address": "127.0.0.1:10"})).await.unwrap() })
+    };
+    let (mut six, mut seven) = (add(6), add(7));
+    let (refused, winner, adding) = tokio::select! {
+        r = &mut six => (r.unwrap(), "node-7", seven),
+        r = &mut seven => (r.unwrap(), "node-6", six),
+    };
+    assert!(refused.status == 409 && is_error_body(&refused.body, "member_conflict"), "{refused:?}");
+    let info = c.cluster_info(0).await.unwrap();
+    let at_10: Vec<&Value> =
+        info["members"].as_array().unwrap().iter().filter(|m| m["address"] == "127.0.0.1:10").collect();
+    assert!(at_10.len() == 1 && at_10[0]["node_id"] == winner, "{info}");
+    let r = wait_until("the removal taken", Duration::from_secs(30), || async {
+        let r = delete(&format!("{members}/{winner}")).await.ok()?;
+        (r.status != 503).then_some(r)
+    })
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = adding.await.unwrap();
+    assert!(r.status == 409 && is_error_body(&r.body, "member_conflict"), "{r:?}");
+
     // A follower of a three-node cluster redirects a change; with a secret, one without it is refused.
     let c = Cluster::start(Options::default()).await;
     let f = follower_url(&c).await;

@@ -99,18 +99,9 @@ pub async fn add(
     app.require_leader(&where_)?;
 
     let (membership, membership_log_id) = current_membership(&app);
-    if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == address) {
-        // Dials to either would reach the one node there: a member that is never there.
-        return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
-    }
+    check_address(&membership, id, &address)?;
     // The membership entry a learner must hold before it votes; `None` when it votes already.
     let catch_up_to = match membership.get_node(&id) {
-        Some(node) if node.addr != address => {
-            return Err(ApiError::MemberConflict(format!(
-                "node-{id} is already a member at {}; remove it first to give it another address",
-                node.addr
-            )))
-        }
         // A voter of a final configuration: nothing to do. A voter of a joint one (a change
         // left unfinished, its final configuration perhaps without this node) holds the log
         // already: made a voter of the final one below, at once, before the finishing
@@ -123,8 +114,11 @@ pub async fn add(
         Some(_) => Some(membership_log_id),
         None => {
             tracing::info!(node = id, %address, "adding a learner");
-            let (added, _) =
-                change(&app, &where_, ChangeMembers::AddNodes([(id, Node { addr: address })].into())).await?;
+            let add_learner = |m: &Membership<NodeId, Node>| {
+                check_address(m, id, &address)?;
+                Ok(ChangeMembers::AddNodes([(id, Node { addr: address.clone() })].into()))
+            };
+            let (added, _) = change(&app, &where_, add_learner).await?;
             Some(Some(added))
         }
     };
@@ -132,8 +126,31 @@ pub async fn add(
         wait_caught_up(&app, &where_, id, target).await?;
     }
     tracing::info!(node = id, "the node holds the log; making it a voter");
-    let (log_id, membership) = change(&app, &where_, ChangeMembers::AddVoterIds([id].into())).await?;
+    let make_voter = |m: &Membership<NodeId, Node>| match m.get_node(&id) {
+        Some(_) => check_address(m, id, &address).map(|()| ChangeMembers::AddVoterIds([id].into())),
+        None => Err(removed_meanwhile(id)),
+    };
+    let (log_id, membership) = change(&app, &where_, make_voter).await?;
     Ok(Json(answer(&app, &membership, Some(log_id), true)))
+}
+
+/// Refuses `id` at `address` when another member is at that address (dials to either would
+/// reach the one node there: a member that is never there), or `id` is a member elsewhere.
+fn check_address(membership: &Membership<NodeId, Node>, id: NodeId, address: &str) -> Result<(), ApiError> {
+    if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == address) {
+        return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
+    }
+    match membership.get_node(&id) {
+        Some(node) if node.addr != address => Err(ApiError::MemberConflict(format!(
+            "node-{id} is already a member at {}; remove it first to give it another address",
+            node.addr
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn removed_meanwhile(id: NodeId) -> ApiError {
+    ApiError::MemberConflict(format!("node-{id} is no longer a member (removed meanwhile)"))
 }
 
 /// `DELETE /cluster/members/{id}`: removes a voter or learner. A leader that removes itself
@@ -149,21 +166,26 @@ pub async fn remove(
     let id = parse_node_id(&text).map_err(ApiError::InvalidRequest)?;
     let where_ = input::path_and_query(&uri);
     app.require_leader(&where_)?;
-    let (membership, _) = current_membership(&app);
+    // Refused at once when the membership already says no, and decided again under the lock.
+    removal(&current_membership(&app).0, id)?;
+    tracing::info!(node = id, "removing a member");
+    let (log_id, membership) = change(&app, &where_, |m: &Membership<NodeId, Node>| removal(m, id)).await?;
+    Ok(Json(answer(&app, &membership, Some(log_id), true)))
+}
+
+/// The change that removes `id` from `membership`: as a voter or as a learner, never the last voter.
+fn removal(membership: &Membership<NodeId, Node>, id: NodeId) -> Result<ChangeMembers<NodeId, Node>, ApiError> {
     if membership.get_node(&id).is_none() {
         return Err(ApiError::MemberNotFound(id));
     }
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-    let change_wanted = match voters.contains(&id) {
+    match voters.contains(&id) {
         true if voters.len() == 1 => {
-            return Err(ApiError::InvalidRequest(format!("node-{id} is the only voter: a cluster keeps at least one")))
+            Err(ApiError::InvalidRequest(format!("node-{id} is the only voter: a cluster keeps at least one")))
         }
-        true => ChangeMembers::RemoveVoters([id].into()),
-        false => ChangeMembers::RemoveNodes([id].into()),
-    };
-    tracing::info!(node = id, "removing a member");
-    let (log_id, membership) = change(&app, &where_, change_wanted).await?;
-    Ok(Json(answer(&app, &membership, Some(log_id), true)))
+        true => Ok(ChangeMembers::RemoveVoters([id].into())),
+        false => Ok(ChangeMembers::RemoveNodes([id].into())),
+    }
 }
 
 /// The membership this node holds (the latest, committed or not) and where it was written.
@@ -183,7 +205,9 @@ fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId
 }
 
 /// Runs one membership change (removed nodes are dropped, not kept as learners) and returns
-/// the membership it committed, with its log id. It runs in a task of its own, which holds
+/// the membership it committed, with its log id. `plan` makes the change from the membership
+/// as it stands once this request's turn has come (another request's change may have altered
+/// it meanwhile), or refuses it. It runs in a task of its own, which holds
 /// [`App::membership_changes`] and ends within [`MEMBERSHIP_CHANGE_TIMEOUT`] whether or not the
 /// request still waits: a client gone does not cut the change short between its joint and its
 /// final configuration, and a proposal openraft never answers (one whose entry a snapshot
@@ -192,7 +216,7 @@ fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId
 async fn change(
     app: &App,
     where_: &str,
-    wanted: ChangeMembers<NodeId, Node>,
+    plan: impl FnOnce(&Membership<NodeId, Node>) -> Result<ChangeMembers<NodeId, Node>, ApiError>,
 ) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
     // Another change on this node (a request's, or the finishing of a joint configuration) is
     // waited for, and so is the commit of the membership the leader holds, within the same
@@ -203,6 +227,7 @@ async fn change(
         return Err(in_progress());
     };
     wait_membership_committed(app, where_, deadline).await?;
+    let wanted = plan(&current_membership(app).0)?;
     let raft = app.raft.clone();
     let task = tokio::spawn(async move {
         let changed = tokio::time::timeout_at(deadline, raft.change_membership(wanted, false)).await;
@@ -220,13 +245,13 @@ async fn change(
             Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader))
         }
         Ok(Some(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
-            ChangeMembershipError::InProgress(_) => in_progress(),
+            // Checked before leadership: a node deposed since the wait holds the new leader's
+            // membership, not yet committed.
+            ChangeMembershipError::InProgress(_) => app.require_leader(where_).err().unwrap_or_else(in_progress),
             ChangeMembershipError::EmptyMembership(_) => {
                 ApiError::InvalidRequest("the change would leave the cluster without a voter".into())
             }
-            ChangeMembershipError::LearnerNotFound(e) => {
-                ApiError::MemberConflict(format!("node-{} is no longer a member (removed meanwhile)", e.node_id))
-            }
+            ChangeMembershipError::LearnerNotFound(e) => removed_meanwhile(e.node_id),
         }),
         Ok(Some(Err(RaftError::Fatal(e)))) => Err(ApiError::Unavailable(format!("raft stopped: {e}"))),
     }
