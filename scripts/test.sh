@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project: unit tests, openraft's storage suite, multi-process
-# cluster tests, the deterministic simulation (its CI seeds) and the Docker fault tests.
+# cluster tests, the deterministic simulation (its CI seeds), the API tests again on a slow disk
+# and the Docker fault tests.
 # It installs what it needs (a C/C++ toolchain and libclang for RocksDB, docker-compose when
 # the Docker engine has no compose) and fails loudly: every test runs, each failure is printed,
 # and any failure makes the script exit non-zero.
@@ -51,6 +52,11 @@ ulimit -n "$hard_files" 2>/dev/null || echo "==> cannot raise the open-files lim
 echo "==> running the tests"
 # The Docker fault test runs on its own below, with its report printed.
 cargo test --release --workspace --no-fail-fast -- --skip docker_faults_
+
+# The API contract again on a slow disk: a race between a node's steps and its fsyncs fails
+# here every time instead of rarely on a slow machine (docs/TESTING.md, "On a slow disk").
+echo "==> running the API tests with every node fsync delayed 20 ms"
+FSYNC_DELAY_MS=20 scripts/slow-disk.sh cargo test --release --workspace --test api
 
 echo "==> running the Docker fault tests"
 cargo test --release --workspace --test docker_faults -- --nocapture
