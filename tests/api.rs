@@ -1487,6 +1487,16 @@ async fn a_node_short_of_disk_refuses_growing_writes_with_507_until_it_has_room(
     assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
 }
 
+/// `DELETE {members}/{id}`, sent again on `503` as the client does: one attempt may wait up to
+/// 10 s on the node for the change running there before its 503, so the wait allows a few.
+async fn remove_member(members: &str, id: &str) -> http::Reply {
+    wait_until("the removal taken", Duration::from_secs(30), || async {
+        let r = delete(&format!("{members}/{id}")).await.ok()?;
+        (r.status != 503).then_some(r)
+    })
+    .await
+}
+
 /// `POST /cluster/members` and `DELETE /cluster/members/{id}` refuse what they cannot do with
 /// the documented error bodies, and change nothing: bad bodies and ids, an address or id that
 /// contradicts the membership, a node that is no member, the last voter; a voter re-added at
@@ -1536,13 +1546,8 @@ async fn membership_changes_refuse_what_they_cannot_do() {
         info["members"].as_array()?.iter().any(|m| m["node_id"] == "node-5" && m["role"] == "learner").then_some(())
     })
     .await;
-    // Listed once appended: the removal waits on the node for the addition's change to commit
-    // (up to 10 s, then 503, retried as the client does), so the wait allows a few attempts.
-    let r = wait_until("the removal taken", Duration::from_secs(30), || async {
-        let r = delete(&format!("{members}/node-5")).await.ok()?;
-        (r.status != 503).then_some(r)
-    })
-    .await;
+    // Listed once appended: the removal waits on the node for the addition's change to commit.
+    let r = remove_member(&members, "node-5").await;
     assert_eq!((r.status, &r.body["joint"]), (200, &json!(false)), "{r:?}");
     assert_eq!(r.body["members"].as_array().map(Vec::len), Some(1), "{r:?}");
     let r = adding.await.unwrap();
@@ -1564,11 +1569,7 @@ async fn membership_changes_refuse_what_they_cannot_do() {
     let at_10: Vec<&Value> =
         info["members"].as_array().unwrap().iter().filter(|m| m["address"] == "127.0.0.1:10").collect();
     assert!(at_10.len() == 1 && at_10[0]["node_id"] == winner, "{info}");
-    let r = wait_until("the removal taken", Duration::from_secs(30), || async {
-        let r = delete(&format!("{members}/{winner}")).await.ok()?;
-        (r.status != 503).then_some(r)
-    })
-    .await;
+    let r = remove_member(&members, winner).await;
     assert_eq!(r.status, 200, "{r:?}");
     let r = adding.await.unwrap();
     assert!(r.status == 409 && is_error_body(&r.body, "member_conflict"), "{r:?}");

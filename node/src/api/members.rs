@@ -27,7 +27,7 @@ use crate::error::ApiError;
 use crate::limits::{
     MEMBERSHIP_CHANGE_TIMEOUT, MEMBER_BODY_BYTES_MAX, MEMBER_CATCH_UP_TIMEOUT, MEMBER_PROMOTE_LAG_MAX,
 };
-use crate::raft::joint::is_joint;
+use crate::raft::joint::{is_joint, membership_committed};
 use crate::raft::server::require_secret;
 use crate::serve::ClientAddr;
 
@@ -220,7 +220,7 @@ async fn change(
 ) -> Result<(LogId, Membership<NodeId, Node>), ApiError> {
     // Another change on this node (a request's, or the finishing of a joint configuration) is
     // waited for, and so is the commit of the membership the leader holds, within the same
-    // bound; openraft's own refusal below (another leader's change) stays a 503.
+    // bound; openraft's own refusal below (a change still queued there) stays a 503.
     let deadline = tokio::time::Instant::now() + MEMBERSHIP_CHANGE_TIMEOUT;
     let lock = app.membership_changes.clone().lock_owned();
     let Ok(running) = tokio::time::timeout_at(deadline, lock).await else {
@@ -241,9 +241,7 @@ async fn change(
             let membership = response.membership.unwrap_or_else(|| current_membership(app).0);
             Ok((response.log_id, membership))
         }
-        Ok(Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => {
-            Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader))
-        }
+        Ok(Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => Err(not_leading(app, where_)),
         Ok(Some(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
             // Checked before leadership: a node deposed since the wait holds the new leader's
             // membership, not yet committed.
@@ -261,16 +259,20 @@ async fn change(
 /// change until then. A leader just elected (or just initialized) has not yet committed the
 /// membership it inherited, nor has one whose last change's final step is still on its way.
 async fn wait_membership_committed(app: &App, where_: &str, deadline: tokio::time::Instant) -> Result<(), ApiError> {
-    let committed = |m: &raft_store::typ::RaftMetrics| {
-        m.state != ServerState::Leader || m.membership_config.log_id() <= &m.last_applied
-    };
+    let committed = |m: &raft_store::typ::RaftMetrics| m.state != ServerState::Leader || membership_committed(m);
     let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
     match app.raft.wait(Some(timeout)).metrics(committed, "the membership has committed").await {
-        Ok(m) if m.state != ServerState::Leader => Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)),
+        Ok(m) if m.state != ServerState::Leader => Err(not_leading(app, where_)),
         Ok(_) => Ok(()),
         Err(openraft::metrics::WaitError::Timeout(..)) => Err(in_progress()),
         Err(openraft::metrics::WaitError::ShuttingDown) => Err(ApiError::Unavailable("the node is stopping".into())),
     }
+}
+
+/// The answer to a change this node can no longer take because it stopped leading: the
+/// redirect a write gets, or `no_leader`.
+fn not_leading(app: &App, where_: &str) -> ApiError {
+    app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)
 }
 
 fn in_progress() -> ApiError {
@@ -291,7 +293,7 @@ async fn wait_caught_up(app: &App, where_: &str, id: NodeId, target: Option<LogI
         m.state != ServerState::Leader || m.membership_config.membership().get_node(&id).is_none() || caught_up
     };
     match app.raft.wait(Some(MEMBER_CATCH_UP_TIMEOUT)).metrics(done, "a new learner holds the log").await {
-        Ok(m) if m.state != ServerState::Leader => Err(app.require_leader(where_).err().unwrap_or(ApiError::NoLeader)),
+        Ok(m) if m.state != ServerState::Leader => Err(not_leading(app, where_)),
         Ok(m) if m.membership_config.membership().get_node(&id).is_none() => {
             Err(ApiError::MemberConflict(format!("node-{id} was removed while it caught up")))
         }

@@ -62,13 +62,18 @@ pub fn final_voters(membership: &Membership<NodeId, Node>) -> BTreeSet<NodeId> {
     membership.get_joint_config().last().cloned().unwrap_or_default()
 }
 
+/// The membership this node holds has committed (applied, here): openraft takes a membership
+/// change only then, and refuses it as in progress before.
+pub fn membership_committed(m: &RaftMetrics) -> bool {
+    m.membership_config.log_id() <= &m.last_applied
+}
+
 /// The voters of the final configuration when this node leads with a joint configuration that
-/// has committed (applied, here): openraft takes a change only once the membership before it
 /// has committed.
 fn unfinished_joint(m: &RaftMetrics) -> Option<BTreeSet<NodeId>> {
     let membership = m.membership_config.membership();
-    let committed = m.membership_config.log_id() <= &m.last_applied;
-    (m.state == ServerState::Leader && is_joint(membership) && committed).then(|| final_voters(membership))
+    (m.state == ServerState::Leader && is_joint(membership) && membership_committed(m))
+        .then(|| final_voters(membership))
 }
 
 /// Proposes the final configuration `voters`, unless a membership change already runs on this
