@@ -981,6 +981,98 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
     assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
 }
 
+/// A subscriber whose connection dropped before its topic was deleted resumes with its cursor
+/// and gets what it is owed, then `topic_deleted`, as it would have connected: a dropped
+/// connection never turns a deletion into a silent gap. A subscription the deleted topic owes
+/// nothing is `404` (API.md §3, §5).
+#[tokio::test]
+async fn a_subscriber_resuming_after_a_delete_gets_what_came_before_it() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    let f = follower_url(&c).await;
+    post(&format!("{l}/topics/g"), &json!({})).await.unwrap();
+    for i in 1..=3 {
+        let r = post(&format!("{l}/topics/g/messages"), &json!({"id": format!("m{i}"), "payload": i})).await.unwrap();
+        assert_eq!(r.body["sequence"], i);
+    }
+    let mut acked = ws_connect(&f, "/topics/g/subscribe?subscriber_id=a&cursor=0").await;
+    assert_eq!(next_frame(&mut acked).await["subtype"], "subscribed");
+    assert_eq!(next_frame(&mut acked).await["sequence"], 1);
+    acked.send(Message::text(json!({"type": "ack", "sequence": 1}).to_string())).await.unwrap();
+    wait_acked(&f, "g", "a", 1).await;
+    drop(acked);
+    let r = delete(&format!("{l}/topics/g")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    wait_until("the follower applies the deletion", Duration::from_secs(10), || async {
+        (get(&format!("{f}/topics/g")).await.ok()?.status == 404).then_some(())
+    })
+    .await;
+
+    for cursor in ["1", "acked"] {
+        let mut ws = ws_connect(&f, &format!("/topics/g/subscribe?subscriber_id=a&cursor={cursor}")).await;
+        assert_eq!(next_frame(&mut ws).await["cursor"], 1, "cursor={cursor}");
+        assert_eq!(next_frame(&mut ws).await["sequence"], 2, "cursor={cursor}");
+        assert_eq!(next_frame(&mut ws).await["sequence"], 3, "cursor={cursor}");
+        assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"g"}));
+        assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+    }
+    for query in [
+        "subscriber_id=a&cursor=3",
+        "subscriber_id=a&cursor=9",
+        "subscriber_id=a",
+        "subscriber_id=a&cursor=latest",
+        "cursor=",
+    ] {
+        let r = get(&format!("{f}/topics/g/subscribe?{query}")).await.unwrap();
+        assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{query}: {r:?}");
+    }
+    // Owed something only once the query is read (API.md §7's order).
+    let r = get(&format!("{f}/topics/g/subscribe?cursor=0")).await.unwrap();
+    assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+
+    // A cursor past the end, waited for, of a topic deleted meanwhile (or before) is owed
+    // nothing either.
+    post(&format!("{l}/topics/h"), &json!({})).await.unwrap();
+    let ahead = tokio::spawn({
+        let l = l.clone();
+        async move { get(&format!("{l}/topics/h/subscribe?subscriber_id=s&cursor=5")).await.unwrap() }
+    });
+    assert_eq!(delete(&format!("{l}/topics/h")).await.unwrap().status, 200);
+    let r = ahead.await.unwrap();
+    assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{r:?}");
+}
+
+/// A subscription started on a deleted topic ends at the deletion even when the topic is
+/// created again while it replays: the new incarnation's messages are not on that connection.
+#[tokio::test]
+async fn a_subscription_started_on_a_deleted_topic_ends_at_the_deletion() {
+    let c = Cluster::start(Options::default()).await;
+    let l = leader_url(&c).await;
+    post(&format!("{l}/topics/d"), &json!({})).await.unwrap();
+    // 16 MB the subscriber does not read yet: its session is still replaying when the topic
+    // is created again, whatever the timing.
+    let big = "x".repeat(4000);
+    let mut published = 0u64;
+    for b in 0..4 {
+        let messages: Vec<Value> = (0..1000).map(|i| json!({"id": format!("m{b}-{i}"), "payload": big})).collect();
+        let r = post(&format!("{l}/topics/d/messages/batch"), &json!({"messages": messages})).await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        published += 1000;
+    }
+    assert_eq!(delete(&format!("{l}/topics/d")).await.unwrap().status, 200);
+    let mut ws = ws_connect(&l, "/topics/d/subscribe?subscriber_id=s&cursor=0").await;
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    assert_eq!(post(&format!("{l}/topics/d"), &json!({})).await.unwrap().status, 201);
+    let r = post(&format!("{l}/topics/d/messages"), &json!({"id": "after", "payload": 1})).await.unwrap();
+    assert_eq!(r.body["sequence"], published + 1);
+    for sequence in 1..=published {
+        let frame = next_frame(&mut ws).await;
+        assert_eq!(frame["sequence"], sequence, "{frame}");
+    }
+    assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"d"}));
+    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+}
+
 /// A publish frame over the size limit is answered `payload_too_large` before the connection
 /// closes, as the same body is answered 413 over HTTP (API.md §8).
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The Rust client library and the `pubsub` CLI against real 3-node clusters: redirects and
 //! the leader cache, exactly-once publishing across a leader kill, a subscription that
 //! survives a leader kill and a restart of its own node, `cursor=acked`, and the CLI end to
-//! end with its exit codes, and a WebSocket publisher reopened across a leader kill.
+//! end with its exit codes, a WebSocket publisher reopened across a leader kill, and a
+//! subscription cut off by a node kill and then a deletion.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -295,6 +296,59 @@ async fn an_acked_subscriber_resumes_after_its_ack_with_cursor_acked() {
     sub.close().await;
     c.terminate(follower);
     wait_acked(&c.url(leader), "late", 9, "the last ack of a stopped node is recorded").await;
+}
+
+/// A subscription whose node dies, and whose topic is deleted before it reconnects, still gets
+/// every message published before the deletion, then `TopicDeleted`: the deletion is no
+/// silent gap for a subscriber that was not connected when it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_cut_off_by_a_node_kill_then_a_delete_gets_every_message_before_it() {
+    let mut c = Cluster::start(Options::default()).await;
+    let publisher = patient_client(c.urls());
+    publisher.create_topic("t", None).await.expect("create");
+    let leader = c.wait_leader(CONVERGE).await;
+    let home = (leader + 1) % 3;
+    wait_until("the follower knows the topic", CONVERGE, || async {
+        let (status, _) = get_json(&format!("{}/topics/t", c.url(home))).await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    let subscriber = patient_client(vec![c.url(home), c.url(leader), c.url((leader + 2) % 3)]);
+    let mut sub =
+        subscriber.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await.expect("subscribe");
+    for n in 1..=3 {
+        publisher.publish("t", json!(n)).await.expect("publish");
+    }
+    assert_eq!(collect_until(&mut sub, 3).await.len(), 3);
+
+    // Its node freezes (its connection stays open); two more messages and the deletion
+    // commit, and every other node applies them, before the node dies and the subscription
+    // reconnects elsewhere.
+    c.pause(home);
+    for n in 4..=5 {
+        publisher.publish("t", json!(n)).await.expect("publish");
+    }
+    publisher.delete_topic("t").await.expect("delete");
+    for i in [leader, (leader + 2) % 3] {
+        wait_until("the node applies the deletion", CONVERGE, || async {
+            let (status, _) = get_json(&format!("{}/topics/t", c.url(i))).await.ok()?;
+            (status == 404).then_some(())
+        })
+        .await;
+    }
+    c.kill(home);
+
+    let mut rest = Vec::new();
+    loop {
+        match tokio::time::timeout(CONVERGE, sub.next()).await.expect("an event in time") {
+            Some(Ok(Event::Message(m))) => rest.push(m.sequence),
+            Some(Ok(Event::TopicDeleted)) => break,
+            Some(Ok(_)) => {}
+            other => panic!("after {rest:?}: {other:?}"),
+        }
+    }
+    assert_eq!(rest, vec![4, 5], "what came before the deletion, then the notice");
+    assert!(tokio::time::timeout(CONVERGE, sub.next()).await.expect("the end in time").is_none());
 }
 
 /// Waits until the node at `node` lists `subscriber` of topic `t` as acked at `sequence`.

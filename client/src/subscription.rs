@@ -72,9 +72,12 @@ pub enum Event {
         /// The first sequence still retained.
         first_available_sequence: u64,
     },
-    /// The topic was deleted; the stream ends after this event. Also when the connection
-    /// dropped and every node then denies the topic (`topic_not_found`): it was deleted
-    /// meanwhile, and the messages after the last one delivered went with it.
+    /// The topic was deleted; the stream ends after this event, which comes after every
+    /// message published before the deletion, even when the connection dropped meanwhile (a
+    /// node serves a resuming subscriber what it is owed from a deleted topic, then this).
+    /// Also when the connection dropped and every node then denies the topic
+    /// (`topic_not_found`): it was deleted meanwhile with nothing after the last message
+    /// delivered.
     TopicDeleted,
     /// The node serving the subscription saw a new leader (the client's leader cache is
     /// updated too). The subscription itself goes on.
@@ -548,7 +551,8 @@ impl Worker {
                     Ok(s) => s,
                     Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound => {
                         // The topic existed when this subscription started and every node
-                        // now denies it: it was deleted while the connection was down. Said
+                        // now denies it: it was deleted while the connection was down, with
+                        // nothing owed after the cursor (a node would have served that). Said
                         // the way a connected subscriber hears it.
                         let _ = self.events.send(Ok(Event::TopicDeleted)).await;
                         return;

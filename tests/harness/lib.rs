@@ -283,6 +283,14 @@ impl Cluster {
         }
     }
 
+    /// SIGSTOP: the node stops answering without closing anything (its connections stay
+    /// open) until it is killed.
+    pub fn pause(&self, i: usize) {
+        if let Some(child) = &self.nodes[i].child {
+            let _ = Command::new("kill").arg("-STOP").arg(child.id().to_string()).status();
+        }
+    }
+
     /// SIGTERM, and wait for a clean exit. Returns the exit code.
     pub fn terminate(&mut self, i: usize) -> Option<i32> {
         let mut child = self.nodes[i].child.take()?;

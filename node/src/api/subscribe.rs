@@ -8,11 +8,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use raft_store::limits::CURSORS_PER_TOPIC_MAX;
-use raft_store::TopicSignal;
+use raft_store::{TopicRecord, TopicSignal};
 use tokio::sync::watch;
 
 use super::input;
-use super::topics::active;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
@@ -23,12 +22,14 @@ use crate::serve::ClientAddr;
 use crate::subscribe::session::{self, Registration, Session};
 
 /// `cursor`, once this node's topic reaches it within [`SUBSCRIBE_CURSOR_AHEAD_WAIT`] (see
-/// there) with no deletion since the subscription's start; otherwise `400 invalid_cursor`,
-/// naming the topic's `current_sequence` as it then is. Waits on a clone: the session's own
+/// there) with no deletion since the subscription's start; `404 topic_not_found` when the topic
+/// is deleted by then; otherwise `400 invalid_cursor`, naming the topic's `current_sequence` as
+/// it then is. Waits on a clone: the session's own
 /// feed still sees every change from its start. A node that starts shutting down meanwhile
 /// answers `503 unavailable` at once.
 async fn reached(
     app: &SharedApp,
+    topic: &str,
     feed: &watch::Receiver<TopicSignal>,
     cursor: u64,
     deletions_at_start: u64,
@@ -44,6 +45,9 @@ async fn reached(
     let now = *feed.borrow();
     if reached(&now) {
         Ok(cursor)
+    } else if now.deleted {
+        // Deleted during the wait: nothing past its end was owed.
+        Err(ApiError::TopicNotFound(topic.to_string()))
     } else {
         Err(ApiError::InvalidCursor(format!(
             "cursor {cursor} is beyond the topic's current_sequence {}",
@@ -61,26 +65,41 @@ pub async fn subscribe(
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
-    // Checked once before the watch is made, so that refused names leave no watch behind,
-    // then read with the watch, so the cursor and the session's baseline agree.
-    active(&app, &topic)?;
+    let cursor_text = query.get("cursor").map(|c| c.trim()).filter(|c| !c.is_empty() && *c != "latest");
+    // A deleted topic may still owe a subscription with a cursor messages (below); one
+    // without is owed nothing. Checked once before the watch is made, so that refused names
+    // leave no watch behind, then read with the watch, so the cursor and the session's
+    // baseline agree.
+    let found = |record: Option<TopicRecord>| {
+        record.filter(|r| !r.deleted || cursor_text.is_some()).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))
+    };
+    found(app.reader.topic(&topic))?;
     let watch = app.reader.watch_topic_with_record(&topic);
     let (feed, deletions_at_start) = (watch.feed, watch.signal.deletions);
-    let record = watch.record.filter(|r| !r.deleted).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))?;
+    let record = found(watch.record)?;
     let subscriber_id = query
         .get("subscriber_id")
         .cloned()
         .ok_or_else(|| ApiError::InvalidRequest("subscriber_id is required".into()))?;
     input::id_field("subscriber_id", &subscriber_id)?;
-    let cursor = match query.get("cursor").map(|c| c.trim()) {
-        None | Some("") | Some("latest") => record.current_sequence,
+    let cursor = match cursor_text {
+        None => record.current_sequence,
         // 503 while a snapshot install rewrites the recorded cursors (`StoreError::Installing`).
         Some("acked") => app.reader.cursor(record.id, &subscriber_id)?.unwrap_or(0),
         Some(text) => match text.parse::<u64>() {
             Ok(n) if n <= record.current_sequence => n,
-            Ok(n) => reached(&app, &feed, n, deletions_at_start).await?,
+            Ok(_) if record.deleted => return Err(ApiError::TopicNotFound(topic)),
+            Ok(n) => reached(&app, &topic, &feed, n, deletions_at_start).await?,
             Err(_) => return Err(ApiError::InvalidCursor(format!("cursor {text:?} is not a number"))),
         },
+    };
+    // A deleted topic still serves a subscriber owed messages from before its deletion (one
+    // resuming after its connection dropped, say): those, then `topic_deleted`, as it would
+    // have had them connected. Nothing is owed past the deletion.
+    let deleted_at = match record.deleted {
+        false => None,
+        true if cursor < record.current_sequence => Some(record.current_sequence),
+        true => return Err(ApiError::TopicNotFound(topic)),
     };
     let upgrade = upgrade.map_err(|_| {
         ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
@@ -90,8 +109,17 @@ pub async fn subscribe(
     let acks_refused = app.reader.cursor_count(record.id) >= CURSORS_PER_TOPIC_MAX
         && matches!(app.reader.cursor(record.id, &subscriber_id), Ok(None));
     let client = super::input::client_ip(client);
-    let session =
-        Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused, client };
+    let session = Session {
+        topic,
+        topic_id: record.id,
+        subscriber_id,
+        cursor,
+        feed,
+        deletions_at_start,
+        deleted_at,
+        acks_refused,
+        client,
+    };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
         return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     };
