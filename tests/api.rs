@@ -983,8 +983,8 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
 
 /// A subscriber whose connection dropped before its topic was deleted resumes with its cursor
 /// and gets what it is owed, then `topic_deleted`, as it would have connected: a dropped
-/// connection never turns a deletion into a silent gap. A subscription the deleted topic owes
-/// nothing is `404` (API.md §3, §5).
+/// connection never turns a deletion into a silent gap; so does a reader paging with `after`. A
+/// subscription or read the deleted topic owes nothing is `404` (API.md §3, §5).
 #[tokio::test]
 async fn a_subscriber_resuming_after_a_delete_gets_what_came_before_it() {
     let c = Cluster::start(Options::default()).await;
@@ -1029,6 +1029,15 @@ async fn a_subscriber_resuming_after_a_delete_gets_what_came_before_it() {
     // Owed something only once the query is read (API.md §7's order).
     let r = get(&format!("{f}/topics/g/subscribe?cursor=0")).await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{r:?}");
+    // A reader paging with `after` likewise, then 404 once nothing is owed.
+    let r = get(&format!("{f}/topics/g/messages?after=1&wait_ms=5000")).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let sequences: Vec<&Value> = r.body["messages"].as_array().unwrap().iter().map(|m| &m["sequence"]).collect();
+    assert_eq!((sequences, &r.body["next_cursor"]), (vec![&json!(2), &json!(3)], &json!(3)));
+    for query in ["after=3", "after=3&wait_ms=100", "", "after=x"] {
+        let r = get(&format!("{f}/topics/g/messages?{query}")).await.unwrap();
+        assert!(r.status == 404 && is_error_body(&r.body, "topic_not_found"), "{query}: {r:?}");
+    }
 
     // A cursor past the end, waited for, of a topic deleted meanwhile (or before) is owed
     // nothing either.

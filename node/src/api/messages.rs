@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
 use super::input;
-use super::topics::active;
 use crate::app::SharedApp;
 use crate::budget::{Room, RoomFull};
 use crate::error::ApiError;
@@ -38,7 +37,8 @@ pub async fn read(
     let client = input::client_ip(client);
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
-    let record = active(&app, &topic)?;
+    let given_after = number(&query, "after").and_then(Result::ok);
+    let record = readable(&app, &topic, given_after)?;
     let beyond = |n: u64, current: u64| {
         ApiError::InvalidCursor(format!("after={n} is beyond the topic's current_sequence {current}"))
     };
@@ -68,7 +68,7 @@ pub async fn read(
     let mut watch = app.reader.watch_topic(&topic);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
-        let record = active(&app, &topic)?;
+        let record = readable(&app, &topic, given_after)?;
         // Something to return: a message after `after` that retention has not removed (a
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
         // A long poll waits out a snapshot install (it signals when done): storage may lack
@@ -89,6 +89,13 @@ pub async fn read(
             return page(&app, client, &record, after, limit).await;
         }
     }
+}
+
+/// The topic to read: a live one, or a deleted one that still owes a reader resuming `after`
+/// (given) the messages before its deletion, as a subscription (API.md §3); `404` otherwise.
+fn readable(app: &SharedApp, topic: &str, after: Option<u64>) -> Result<raft_store::TopicRecord, ApiError> {
+    let owed = |r: &raft_store::TopicRecord| !r.deleted || after.is_some_and(|a| a < r.current_sequence);
+    app.reader.topic(topic).filter(owed).ok_or_else(|| ApiError::TopicNotFound(topic.to_string()))
 }
 
 /// The sequence a page after `after` starts behind: below the retained range, the first
