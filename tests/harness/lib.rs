@@ -284,10 +284,19 @@ impl Cluster {
     }
 
     /// SIGSTOP: the node stops answering without closing anything (its connections stay
-    /// open) until it is killed.
+    /// open, and new ones wait in its listen queue) until it is resumed or killed.
     pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// SIGCONT: a paused node goes on where it stopped.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
         if let Some(child) = &self.nodes[i].child {
-            let _ = Command::new("kill").arg("-STOP").arg(child.id().to_string()).status();
+            let _ = Command::new("kill").arg(signal).arg(child.id().to_string()).status();
         }
     }
 

@@ -37,7 +37,8 @@ pub async fn read(
     let client = input::client_ip(client);
     let topic = input::topic_name(path)?;
     let query = input::query(query)?;
-    let given_after = number(&query, "after").and_then(Result::ok);
+    // 0 when absent; `None`, owed nothing by a deleted topic, when not a number.
+    let given_after = number(&query, "after").unwrap_or(Ok(0)).ok();
     let record = readable(&app, &topic, given_after)?;
     let beyond = |n: u64, current: u64| {
         ApiError::InvalidCursor(format!("after={n} is beyond the topic's current_sequence {current}"))
@@ -92,7 +93,7 @@ pub async fn read(
 }
 
 /// The topic to read: a live one, or a deleted one that still owes a reader resuming `after`
-/// (given) the messages before its deletion, as a subscription (API.md §3); `404` otherwise.
+/// the messages before its deletion, as a subscription (API.md §3); `404` otherwise.
 fn readable(app: &SharedApp, topic: &str, after: Option<u64>) -> Result<raft_store::TopicRecord, ApiError> {
     let owed = |r: &raft_store::TopicRecord| !r.deleted || after.is_some_and(|a| a < r.current_sequence);
     app.reader.topic(topic).filter(owed).ok_or_else(|| ApiError::TopicNotFound(topic.to_string()))

@@ -22,11 +22,12 @@ use crate::serve::ClientAddr;
 use crate::subscribe::session::{self, Registration, Session};
 
 /// `cursor`, once this node's topic reaches it within [`SUBSCRIBE_CURSOR_AHEAD_WAIT`] (see
-/// there) with no deletion since the subscription's start; `404 topic_not_found` when the topic
-/// is deleted by then; otherwise `400 invalid_cursor`, naming the topic's `current_sequence` as
-/// it then is. Waits on a clone: the session's own
-/// feed still sees every change from its start. A node that starts shutting down meanwhile
-/// answers `503 unavailable` at once.
+/// there), or a deletion since the subscription's start that ended the topic past it (the
+/// messages up to there are owed; the session stops at that deletion); `404 topic_not_found`
+/// when the topic is deleted by then and owes it nothing; otherwise `400 invalid_cursor`, naming
+/// the topic's `current_sequence` as it then is. Waits on a clone: the session's own feed still
+/// sees every change from its start. A node that starts shutting down meanwhile answers `503
+/// unavailable` at once.
 async fn reached(
     app: &SharedApp,
     topic: &str,
@@ -43,10 +44,10 @@ async fn reached(
         () = app.shutdown.cancelled() => return Err(ApiError::Unavailable("the node is shutting down".into())),
     }
     let now = *feed.borrow();
-    if reached(&now) {
+    let owed_before_deletion = now.deletions != deletions_at_start && now.deleted_after(deletions_at_start) > cursor;
+    if reached(&now) || owed_before_deletion {
         Ok(cursor)
     } else if now.deleted {
-        // Deleted during the wait: nothing past its end was owed.
         Err(ApiError::TopicNotFound(topic.to_string()))
     } else {
         Err(ApiError::InvalidCursor(format!(
@@ -67,9 +68,9 @@ pub async fn subscribe(
     let query = input::query(query)?;
     let cursor_text = query.get("cursor").map(|c| c.trim()).filter(|c| !c.is_empty() && *c != "latest");
     // A deleted topic may still owe a subscription with a cursor messages (below); one
-    // without is owed nothing. Checked once before the watch is made, so that refused names
-    // leave no watch behind, then read with the watch, so the cursor and the session's
-    // baseline agree.
+    // without is owed nothing. Checked once before the watch is made, so that names never
+    // created (or deleted, for a subscription owed nothing) leave no watch behind, then read
+    // with the watch, so the cursor and the session's baseline agree.
     let found = |record: Option<TopicRecord>| {
         record.filter(|r| !r.deleted || cursor_text.is_some()).ok_or_else(|| ApiError::TopicNotFound(topic.clone()))
     };
@@ -94,13 +95,11 @@ pub async fn subscribe(
         },
     };
     // A deleted topic still serves a subscriber owed messages from before its deletion (one
-    // resuming after its connection dropped, say): those, then `topic_deleted`, as it would
-    // have had them connected. Nothing is owed past the deletion.
-    let deleted_at = match record.deleted {
-        false => None,
-        true if cursor < record.current_sequence => Some(record.current_sequence),
-        true => return Err(ApiError::TopicNotFound(topic)),
-    };
+    // resuming after its connection dropped, say): those, then `topic_deleted` (the session
+    // sees it deleted), as it would have had them connected. Nothing is owed past the deletion.
+    if record.deleted && cursor >= record.current_sequence {
+        return Err(ApiError::TopicNotFound(topic));
+    }
     let upgrade = upgrade.map_err(|_| {
         ApiError::InvalidRequest("this endpoint is a WebSocket: send a WebSocket upgrade request".into())
     })?;
@@ -109,17 +108,8 @@ pub async fn subscribe(
     let acks_refused = app.reader.cursor_count(record.id) >= CURSORS_PER_TOPIC_MAX
         && matches!(app.reader.cursor(record.id, &subscriber_id), Ok(None));
     let client = super::input::client_ip(client);
-    let session = Session {
-        topic,
-        topic_id: record.id,
-        subscriber_id,
-        cursor,
-        feed,
-        deletions_at_start,
-        deleted_at,
-        acks_refused,
-        client,
-    };
+    let session =
+        Session { topic, topic_id: record.id, subscriber_id, cursor, feed, deletions_at_start, acks_refused, client };
     let Some(registration) = Registration::reserve(app.clone(), &session, SUBSCRIPTIONS_MAX) else {
         return Err(ApiError::Unavailable(format!("this node already serves {SUBSCRIPTIONS_MAX} subscriptions")));
     };

@@ -40,10 +40,6 @@ pub struct Session {
     /// (a delete and a re-create there would otherwise go unannounced).
     pub feed: watch::Receiver<raft_store::TopicSignal>,
     pub deletions_at_start: u64,
-    /// The sequence its topic was deleted at, when the session started on a deleted topic
-    /// (owed the messages up to there): it ends there with `topic_deleted`, even if the topic
-    /// is created again meanwhile.
-    pub deleted_at: Option<u64>,
     /// Its topic had no room to record this subscriber's cursor when it subscribed.
     pub acks_refused: bool,
     /// The client's address: its pages read from storage count against its share of the
@@ -304,12 +300,12 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
         let signal = *watch.borrow_and_update();
         // Deleted since the session started, perhaps created again since: what came before
         // the deletion is delivered, then the notice, even if the topic is live again.
+        // Deleted now and not since the start: the session started on the deleted topic, owed
+        // what came before the deletion (a client resuming); created again meanwhile, the
+        // topic goes on from there with no gap, as for a client resuming after the re-creation.
         let deleted_since_start = signal.deletions != deletions_at_start;
-        let (last, ends_at_deletion) = match s.deleted_at {
-            Some(end) => (end, true),
-            None if deleted_since_start => (signal.deleted_after(deletions_at_start), true),
-            None => (signal.current_sequence, false),
-        };
+        let last = if deleted_since_start { signal.deleted_after(deletions_at_start) } else { signal.current_sequence };
+        let ends_at_deletion = deleted_since_start || signal.deleted;
         if let Some((requested, first)) = skip_expired(&mut cursor, signal.first_sequence, last, ends_at_deletion) {
             out.send_all([frames::messages_expired(&s.topic, requested, first)]).await?;
         }
@@ -360,7 +356,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
             // Storage holds nothing after the cursor yet the signal says there is more: a
             // snapshot install is rewriting it. The install signals when done; spinning here
             // would hold every session of this delivery thread until then.
-        } else if signal.deleted || ends_at_deletion {
+        } else if ends_at_deletion {
             out.send_all([frames::topic_deleted(&s.topic)]).await?;
             return Ok(End::Close(1000, "topic deleted"));
         }
