@@ -1,6 +1,6 @@
 //! Faults against real 3-node clusters: leader kill -9 under load, restarts of one node and
 //! of the whole cluster (also right after every node purged its log), catch-up by snapshot,
-//! subscriptions across a leader change, a clean SIGTERM, a stopping leader's hand-over, and a
+//! subscriptions across a leader change and on a follower without a leader, a clean SIGTERM, a stopping leader's hand-over, and a
 //! node of another cluster at a peer address.
 
 use std::collections::HashMap;
@@ -299,6 +299,58 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     }
     assert_eq!(sequences, (1..=20).collect::<Vec<u64>>(), "no gap, no duplicate, in order");
     assert!(saw_leader_change, "a leader_change frame was sent");
+}
+
+/// The next frame of `ws` that is not a ping (within [`CONVERGE`], pings or not): a text frame
+/// as JSON, or `{"closed": code}`.
+async fn next_frame(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await.expect("a frame in time") {
+            Some(Ok(Message::Text(text))) => return serde_json::from_str(&text).unwrap(),
+            Some(Ok(Message::Close(frame))) => return json!({"closed": frame.map(|f| u16::from(f.code))}),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+}
+
+/// A follower cut off from the others (here: they are frozen) closes its subscriptions with
+/// 1013 once it has had no leader for a while, so their clients resume on another node (API.md
+/// §5); a subscription opened during that spell stays, and receives once the cluster is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_without_a_leader_closes_its_subscriptions_once_per_spell() {
+    let c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    let follower_url = c.url(follower);
+    wait_until("the follower applies the topic", CONVERGE, || async {
+        let (status, _) = pubsub_tests::http::get_json(&format!("{follower_url}/topics/t")).await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    let ws_url = format!("ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0", c.nodes[follower].addr);
+    let (mut first, _) = tokio_tungstenite::connect_async(&ws_url).await.unwrap();
+    assert_eq!(next_frame(&mut first).await["subtype"], "subscribed");
+
+    c.pause(leader);
+    c.pause(other);
+    assert_eq!(next_frame(&mut first).await, json!({"closed": 1013}));
+    let (mut second, _) = tokio_tungstenite::connect_async(&ws_url).await.unwrap();
+    assert_eq!(next_frame(&mut second).await["subtype"], "subscribed");
+    c.resume(leader);
+    c.resume(other);
+    publish_retrying(&c.urls(), "t", "after", &json!(1), CONVERGE).await.expect("acked");
+    let frame = loop {
+        let frame = next_frame(&mut second).await;
+        if frame["subtype"] != "leader_change" {
+            break frame;
+        }
+    };
+    assert_eq!((&frame["type"], &frame["sequence"]), (&json!("message"), &json!(1)), "{frame}");
 }
 
 /// A leader stopped with SIGTERM hands its leadership to an up-to-date follower

@@ -41,6 +41,12 @@ pub struct App {
     /// (topic, id) of single publishes proposed on this node and not yet answered: a second
     /// publish of the same id meanwhile is a duplicate even though it has no sequence yet.
     pub inflight: Mutex<HashSet<(String, String)>>,
+    /// Leaderless spells long enough to move this node's subscriptions elsewhere
+    /// (`subscribe/leaderless.rs`): a session closes when it moves.
+    pub leaderless_spells: tokio::sync::watch::Sender<u64>,
+    /// When this node last took an AppendEntries or a snapshot from its leader: with pre-vote
+    /// a follower cut off from the others keeps its leader (and term) until it hears another.
+    pub leader_heard: Mutex<tokio::time::Instant>,
     /// Cancelled on shutdown: subscriptions close with 1001, background tasks stop.
     pub shutdown: CancellationToken,
     /// Open subscriptions on this node.
@@ -139,6 +145,22 @@ impl App {
                 None => Leadership::Unknown,
             },
             _ => Leadership::Unknown,
+        }
+    }
+
+    /// Called on every AppendEntries or snapshot taken from the leader.
+    pub fn heard_leader(&self) {
+        *self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+    }
+
+    /// True when this node knows no leader it can reach: none (or a leader of its own without
+    /// its quorum, [`Leadership::Unknown`]), or one it has not heard from for `unheard` (a
+    /// follower cut off from it keeps it, as pre-vote never moves it to a term of its own).
+    pub fn leaderless(&self, unheard: std::time::Duration) -> bool {
+        match self.leadership() {
+            Leadership::Me => false,
+            Leadership::Unknown => true,
+            Leadership::Other { .. } => self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed() > unheard,
         }
     }
 

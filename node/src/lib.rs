@@ -139,6 +139,8 @@ where
         frames: Default::default(),
         inflight: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
+        leaderless_spells: tokio::sync::watch::Sender::new(0),
+        leader_heard: Mutex::new(tokio::time::Instant::now()),
         subscriptions: AtomicUsize::new(0),
         publishing_connections: Arc::new(tokio::sync::Semaphore::new(limits::PUBLISH_WS_CONNECTIONS_MAX)),
         subscriptions_ended: tokio::sync::Notify::new(),
@@ -160,6 +162,7 @@ where
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
+    tokio::spawn(subscribe::leaderless::count_spells(Arc::downgrade(&app)));
     tokio::spawn(raft::joint::run(Arc::downgrade(&app)));
 
     let cluster_id = app.reader.cluster_id();

@@ -223,6 +223,13 @@ pub const FRAME_CACHE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const SUBSCRIBE_PING_INTERVAL: Duration = Duration::from_secs(15);
 pub const SUBSCRIBE_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 
+/// A node without a leader this long (or this many election timeouts, if longer) closes its
+/// subscriptions with 1013, once per leaderless spell, so they resume on a node that has one
+/// (`subscribe/leaderless.rs`); checked this often.
+pub const SUBSCRIBE_LEADERLESS_CLOSE_AFTER: Duration = Duration::from_secs(5);
+pub const SUBSCRIBE_LEADERLESS_ELECTION_TIMEOUTS: u32 = 5;
+pub const LEADERLESS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How long a subscription whose cursor is past this node's end waits for the node to reach
 /// it before `400 invalid_cursor`: the cursor may come from a node further along (a follower
 /// lags its leader by a heartbeat or so), and a client failing over must not read that as a

@@ -9,6 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
+use openraft::raft::AppendEntriesResponse;
 use subtle::ConstantTimeEq;
 use tokio::sync::{Mutex, Semaphore};
 
@@ -175,8 +176,21 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
         }
         RpcRequest::Vote { req, .. } => RpcResponse::Vote(app.raft.vote(req).await),
         RpcRequest::PreVote { req, .. } => RpcResponse::PreVote(app.raft.pre_vote(req).await),
-        RpcRequest::AppendEntries { req, .. } => RpcResponse::AppendEntries(app.raft.append_entries(req).await),
-        RpcRequest::InstallSnapshot { req, .. } => RpcResponse::InstallSnapshot(app.raft.install_snapshot(req).await),
+        RpcRequest::AppendEntries { req, .. } => {
+            let answer = app.raft.append_entries(req).await;
+            // Taken from the leader of this node's term (a stale one is told of a higher vote).
+            if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+                app.heard_leader();
+            }
+            RpcResponse::AppendEntries(answer)
+        }
+        RpcRequest::InstallSnapshot { req, .. } => {
+            let answer = app.raft.install_snapshot(req).await;
+            if answer.is_ok() {
+                app.heard_leader();
+            }
+            RpcResponse::InstallSnapshot(answer)
+        }
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
         RpcRequest::StepDown { vote, elect, .. } => {
             // A Raft that has stopped has nothing to hand over to: saying so keeps the leader

@@ -291,6 +291,16 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
     tokio::pin!(shutdown);
     let leaders = leader_changes(server);
     tokio::pin!(leaders);
+    // A leaderless spell that began before this session does not close it (its client may
+    // have had nowhere else to go); one that lasts long enough during it does. One future for
+    // the session, like the others: not a waiter registered again on every turn.
+    let mut spells = app.leaderless_spells.subscribe();
+    let leaderless = async move {
+        if spells.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(leaderless);
     out.send_all([frames::subscribed(&s.topic, cursor, &s.subscriber_id)]).await?;
     if s.acks_refused {
         out.send_all([frames::acks_not_recorded(&s.topic, &s.subscriber_id)]).await?;
@@ -372,6 +382,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 }
             }
             _ = ping.tick() => out.keep_alive().await?,
+            () = &mut leaderless => return Ok(End::Close(1013, "this node has no leader: resume on another node")),
             () = &mut acks_refused, if !told_acks_refused => {
                 told_acks_refused = true;
                 out.send_all([frames::acks_not_recorded(&s.topic, &s.subscriber_id)]).await?;
