@@ -319,7 +319,7 @@ async fn next_frame(
 
 /// A follower cut off from the others (here: they are frozen) closes its subscriptions with
 /// 1013 once it has had no leader for a while, so their clients resume on another node (API.md
-/// §5); a subscription opened during that spell stays, and receives once the cluster is back.
+/// §7); a subscription opened during that spell stays, and receives once the cluster is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_without_a_leader_closes_its_subscriptions_once_per_spell() {
     let c = Cluster::start(Options::default()).await;
