@@ -948,6 +948,32 @@ async fn publishing_connections_are_bounded_per_node() {
     assert_eq!(next_frame(&mut again).await["sequence"], 2);
 }
 
+/// Publishes 16 MB (4,000 messages of 4 KB) to `topic` on the leader `l`: a subscriber that
+/// does not read yet is still replaying them whatever happens meanwhile. Returns the last
+/// sequence.
+async fn publish_unread_backlog(l: &str, topic: &str) -> u64 {
+    let big = "x".repeat(4000);
+    let mut published = 0u64;
+    for b in 0..4 {
+        let messages: Vec<Value> = (0..1000).map(|i| json!({"id": format!("m{b}-{i}"), "payload": big})).collect();
+        let r = post(&format!("{l}/topics/{topic}/messages/batch"), &json!({"messages": messages})).await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        published += 1000;
+    }
+    published
+}
+
+/// Reads messages `sequences` from `ws` in order, then `topic_deleted` for `topic` and a
+/// normal close.
+async fn expect_messages_then_deleted(ws: &mut Ws, sequences: std::ops::RangeInclusive<u64>, topic: &str) {
+    for sequence in sequences {
+        let frame = next_frame(ws).await;
+        assert_eq!(frame["sequence"], sequence, "{frame}");
+    }
+    assert_eq!(next_frame(ws).await, json!({"type":"control","subtype":"topic_deleted","topic":topic}));
+    assert_eq!(next_frame(ws).await, json!({"closed": 1000}));
+}
+
 /// A topic deleted and created again while a subscriber is still replaying it: the subscriber
 /// gets what came before the deletion, then `topic_deleted` and a normal close, never the
 /// new incarnation's messages on the same connection (API.md §3).
@@ -958,14 +984,7 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
     post(&format!("{l}/topics/d"), &json!({})).await.unwrap();
     // 16 MB the subscriber does not read yet: its session is still replaying when the topic
     // is deleted and created again, whatever the timing.
-    let big = "x".repeat(4000);
-    let mut published = 0u64;
-    for b in 0..4 {
-        let messages: Vec<Value> = (0..1000).map(|i| json!({"id": format!("m{b}-{i}"), "payload": big})).collect();
-        let r = post(&format!("{l}/topics/d/messages/batch"), &json!({"messages": messages})).await.unwrap();
-        assert_eq!(r.status, 201, "{:?}", r.body);
-        published += 1000;
-    }
+    let published = publish_unread_backlog(&l, "d").await;
     let mut ws = ws_connect(&l, "/topics/d/subscribe?subscriber_id=s&cursor=0").await;
     // Sent once the session watches the topic: the deletion below comes after.
     assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
@@ -973,12 +992,7 @@ async fn a_subscriber_behind_a_delete_and_recreate_is_told_of_the_delete() {
     assert_eq!(post(&format!("{l}/topics/d"), &json!({})).await.unwrap().status, 201);
     let r = post(&format!("{l}/topics/d/messages"), &json!({"id": "after", "payload": 1})).await.unwrap();
     assert_eq!(r.body["sequence"], published + 1);
-    for sequence in 1..=published {
-        let frame = next_frame(&mut ws).await;
-        assert_eq!(frame["sequence"], sequence, "{frame}");
-    }
-    assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"d"}));
-    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+    expect_messages_then_deleted(&mut ws, 1..=published, "d").await;
 }
 
 /// A subscriber whose connection dropped before its topic was deleted resumes with its cursor
@@ -1011,10 +1025,7 @@ async fn a_subscriber_resuming_after_a_delete_gets_what_came_before_it() {
     for cursor in ["1", "acked"] {
         let mut ws = ws_connect(&f, &format!("/topics/g/subscribe?subscriber_id=a&cursor={cursor}")).await;
         assert_eq!(next_frame(&mut ws).await["cursor"], 1, "cursor={cursor}");
-        assert_eq!(next_frame(&mut ws).await["sequence"], 2, "cursor={cursor}");
-        assert_eq!(next_frame(&mut ws).await["sequence"], 3, "cursor={cursor}");
-        assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"g"}));
-        assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+        expect_messages_then_deleted(&mut ws, 2..=3, "g").await;
     }
     for query in [
         "subscriber_id=a&cursor=3",
@@ -1080,10 +1091,7 @@ async fn a_cursor_ahead_of_a_follower_that_then_applies_a_deletion_is_served_up_
     c.resume(behind);
     let mut ws = subscribing.await.unwrap();
     assert_eq!(next_frame(&mut ws).await["cursor"], 3);
-    assert_eq!(next_frame(&mut ws).await["sequence"], 4);
-    assert_eq!(next_frame(&mut ws).await["sequence"], 5);
-    assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"t"}));
-    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+    expect_messages_then_deleted(&mut ws, 4..=5, "t").await;
 }
 
 /// A subscription started on a deleted topic that is created again while it replays goes on
@@ -1097,14 +1105,7 @@ async fn a_subscription_started_on_a_deleted_topic_goes_on_if_it_is_created_agai
     post(&format!("{l}/topics/d"), &json!({})).await.unwrap();
     // 16 MB the subscriber does not read yet: its session is still replaying when the topic
     // is created again, whatever the timing.
-    let big = "x".repeat(4000);
-    let mut published = 0u64;
-    for b in 0..4 {
-        let messages: Vec<Value> = (0..1000).map(|i| json!({"id": format!("m{b}-{i}"), "payload": big})).collect();
-        let r = post(&format!("{l}/topics/d/messages/batch"), &json!({"messages": messages})).await.unwrap();
-        assert_eq!(r.status, 201, "{:?}", r.body);
-        published += 1000;
-    }
+    let published = publish_unread_backlog(&l, "d").await;
     assert_eq!(delete(&format!("{l}/topics/d")).await.unwrap().status, 200);
     let mut ws = ws_connect(&l, "/topics/d/subscribe?subscriber_id=s&cursor=0").await;
     assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
@@ -1112,12 +1113,7 @@ async fn a_subscription_started_on_a_deleted_topic_goes_on_if_it_is_created_agai
     let r = post(&format!("{l}/topics/d/messages"), &json!({"id": "after", "payload": 1})).await.unwrap();
     assert_eq!(r.body["sequence"], published + 1);
     assert_eq!(delete(&format!("{l}/topics/d")).await.unwrap().status, 200);
-    for sequence in 1..=published + 1 {
-        let frame = next_frame(&mut ws).await;
-        assert_eq!(frame["sequence"], sequence, "{frame}");
-    }
-    assert_eq!(next_frame(&mut ws).await, json!({"type":"control","subtype":"topic_deleted","topic":"d"}));
-    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1000}));
+    expect_messages_then_deleted(&mut ws, 1..=published + 1, "d").await;
 }
 
 /// A publish frame over the size limit is answered `payload_too_large` before the connection

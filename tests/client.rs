@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use pubsub_client::{AckMode, Client, Cursor, Error, Event, NewMessage, Publisher, SubscribeOptions, Subscription};
 use pubsub_tests::http::get_json;
-use pubsub_tests::{assert_converged, node_binary, read_all, wait_until, Cluster, Options};
+use pubsub_tests::{assert_converged, node_binary, read_all, wait_applied, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -180,11 +180,7 @@ async fn a_subscription_survives_a_leader_kill_and_a_restart_of_its_node_without
     let leader = c.wait_leader(CONVERGE).await;
     let home = (leader + 1) % 3;
     let other = (leader + 2) % 3;
-    wait_until("the follower knows the topic", CONVERGE, || async {
-        let (status, _) = get_json(&format!("{}/topics/t", c.url(home))).await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
+    wait_applied(&c.url(home), "t", 0).await;
 
     // The subscriber's first seed is where its first connection goes: a follower.
     let subscriber = patient_client(vec![c.url(home), c.url(leader), c.url(other)]);
@@ -308,11 +304,7 @@ async fn a_subscription_cut_off_by_a_node_kill_then_a_delete_gets_every_message_
     publisher.create_topic("t", None).await.expect("create");
     let leader = c.wait_leader(CONVERGE).await;
     let home = (leader + 1) % 3;
-    wait_until("the follower knows the topic", CONVERGE, || async {
-        let (status, _) = get_json(&format!("{}/topics/t", c.url(home))).await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
+    wait_applied(&c.url(home), "t", 0).await;
     let subscriber = patient_client(vec![c.url(home), c.url(leader), c.url((leader + 2) % 3)]);
     let mut sub =
         subscriber.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await.expect("subscribe");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use pubsub_tests::http::{get, post, post_raw};
-use pubsub_tests::{assert_converged, publish_retrying, wait_until, Cluster, Options};
+use pubsub_tests::{assert_converged, publish_retrying, wait_applied, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -268,12 +268,7 @@ async fn a_subscriber_on_a_follower_keeps_receiving_through_a_leader_change() {
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let follower = (leader + 1) % 3;
-    let follower_url = c.url(follower);
-    wait_until("the follower applies the topic", CONVERGE, || async {
-        let (status, _) = pubsub_tests::http::get_json(&format!("{follower_url}/topics/t")).await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
+    wait_applied(&c.url(follower), "t", 0).await;
     let ws_url = format!("ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0", c.nodes[follower].addr);
     let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
 
@@ -326,12 +321,7 @@ async fn a_follower_without_a_leader_closes_its_subscriptions_once_per_spell() {
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
-    let follower_url = c.url(follower);
-    wait_until("the follower applies the topic", CONVERGE, || async {
-        let (status, _) = pubsub_tests::http::get_json(&format!("{follower_url}/topics/t")).await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
+    wait_applied(&c.url(follower), "t", 0).await;
     let ws_url = format!("ws://{}/topics/t/subscribe?subscriber_id=s&cursor=0", c.nodes[follower].addr);
     let (mut first, _) = tokio_tungstenite::connect_async(&ws_url).await.unwrap();
     assert_eq!(next_frame(&mut first).await["subtype"], "subscribed");
