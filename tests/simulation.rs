@@ -1019,6 +1019,121 @@ fn a_cut_off_leader_answers_websocket_publishes_with_no_leader() {
     }
 }
 
+/// A leader cut off with a publish in flight (appended on it alone), deposed while the others
+/// go on far enough to snapshot and purge past its log, and healed, installs their snapshot,
+/// which covers its stranded entry: openraft then never answers that entry. Elected again,
+/// it takes writes: its proposer gave up waiting on the entry once it stopped leading. Before,
+/// the one entry in flight held the proposer for good and every write to it timed out.
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs --cfg tokio_unstable (.cargo/config.toml) to be deterministic")]
+fn a_leader_whose_stranded_entry_a_snapshot_covered_takes_writes_when_elected_again() {
+    const NODES: usize = 3;
+    /// Entries the others commit while it is cut off: past two snapshots (150 entries each in
+    /// the simulation) and the 150 entries kept after one, so it is sent a snapshot.
+    const ENTRIES_WHILE_CUT: usize = 400;
+    #[derive(Debug)]
+    enum Fault {
+        Cut(usize),
+        Heal(usize),
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut sim = new_sim(7);
+    add_nodes(&mut sim, NODES, dir.path());
+    let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
+    type Answer = Result<(u16, Value), String>;
+    /// The stranded publish's answer, then the answers to the one sent once it leads again.
+    type Outcome = Option<(Answer, Vec<Answer>)>;
+    let outcome: Arc<Mutex<Outcome>> = Arc::default();
+    {
+        let (faults, outcome) = (faults.clone(), outcome.clone());
+        sim.client("client", async move {
+            let fault = |f: Fault| {
+                faults.lock().unwrap().push(f);
+                tokio::time::sleep(Duration::from_millis(50))
+            };
+            let (old, term) = wait_agreed_leader(0..NODES).await;
+            assert_eq!(request(&host(old), "POST", "/topics/t", None).await.map(|(s, _)| s), Ok(201));
+            let others: Vec<usize> = (0..NODES).filter(|&i| i != old).collect();
+            while !matches!(request(&host(others[1]), "GET", "/topics/t", None).await, Ok((200, _))) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            fault(Fault::Cut(old)).await;
+            // Still a leader by its own count (a quorum heard from within the last second):
+            // proposed, appended on it alone, never committed.
+            let stranded =
+                request(&host(old), "POST", "/topics/t/messages", Some(&json!({"id": "stranded", "payload": 0}))).await;
+            let (new, term) = loop {
+                match agreed_leader(others.iter().copied()).await {
+                    Some((leader, t)) if t > term => break (leader, t),
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            for n in 0..ENTRIES_WHILE_CUT {
+                let body = json!({"id": format!("m{n}"), "payload": n});
+                while !matches!(request(&host(new), "POST", "/topics/t/messages", Some(&body)).await, Ok((201, _))) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            fault(Fault::Heal(old)).await;
+            // It has what the others committed: from their snapshot.
+            loop {
+                if let Ok((200, info)) = request(&host(old), "GET", "/topics/t", None).await {
+                    if info["current_sequence"].as_u64() >= Some(ENTRIES_WHILE_CUT as u64) {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Cut whichever other node leads until the old leader leads again.
+            loop {
+                let (leader, term) = wait_agreed_leader(0..NODES).await;
+                if leader == old {
+                    break;
+                }
+                fault(Fault::Cut(leader)).await;
+                let rest: Vec<usize> = (0..NODES).filter(|&i| i != leader).collect();
+                loop {
+                    match agreed_leader(rest.iter().copied()).await {
+                        Some((_, t)) if t > term => break,
+                        _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+                fault(Fault::Heal(leader)).await;
+            }
+            let body = json!({"id": "after", "payload": 1});
+            let mut answers = Vec::new();
+            for _ in 0..5 {
+                let answer = request(&host(old), "POST", "/topics/t/messages", Some(&body)).await;
+                let stored = matches!(answer, Ok((201, _)));
+                answers.push(answer);
+                if stored {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            eprintln!(
+                "node{} stranded {stranded:?}; node{} led term {term}; elected again: {answers:?}",
+                old + 1,
+                new + 1
+            );
+            *outcome.lock().unwrap() = Some((stranded, answers));
+            Ok(())
+        });
+    }
+    while !sim.step().expect("simulation step") {
+        for fault in faults.lock().unwrap().drain(..) {
+            match fault {
+                Fault::Cut(i) => cut_off(&mut sim, NODES, i),
+                Fault::Heal(i) => heal(&mut sim, NODES, i),
+            }
+        }
+    }
+    let (stranded, answers) = outcome.lock().unwrap().take().expect("the client finished");
+    // Proposed and left waiting (the write timeout is past the request's 3 s).
+    assert!(matches!(stranded, Err(ref e) if e == "timeout") || matches!(stranded, Ok((504, _))), "{stranded:?}");
+    assert!(matches!(answers.last(), Some(Ok((201, _)))), "the old leader, elected again, took no write: {answers:?}");
+}
+
 /// A node short of disk room (a reserve past any disk) makes the leader refuse topic creations
 /// `507 insufficient_storage`; cut off from the others, its claim is no longer renewed and
 /// lapses (30 s after the leader last saw it renewed, by the leader's own clock), so the other two take

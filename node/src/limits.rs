@@ -112,6 +112,9 @@ pub const PROPOSAL_REQUESTS_MAX: usize = 1024;
 pub const PROPOSAL_BYTES_MAX: usize = 1024 * 1024;
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 pub const PROPOSAL_QUEUE_LEN: usize = 16 * 1024;
+/// How long an entry's writes wait for their outcome once the leader that proposed them is
+/// deposed (`propose.rs`, `outcome`): as long as a caller waits for any write.
+pub const PROPOSAL_DEPOSED_ANSWER_WAIT: Duration = WRITE_TIMEOUT;
 /// Bytes of writes waiting in the proposer's queue (payloads, ids); past it a write waits for
 /// room, within its write timeout.
 pub const PROPOSAL_QUEUE_BYTES_MAX: usize = 256 * 1024 * 1024;
@@ -230,6 +233,11 @@ pub const SUBSCRIBE_LEADERLESS_CLOSE_AFTER: Duration = Duration::from_secs(5);
 pub const SUBSCRIBE_LEADERLESS_ELECTION_TIMEOUTS: u32 = 5;
 pub const LEADERLESS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// `/ready` is 503 on a follower that has not heard its leader for this many election
+/// timeouts (the longest a follower waits before it stands): a node cut off from its cluster
+/// keeps its leader and term (pre-vote), but serves only ever staler reads.
+pub const READY_LEADER_UNHEARD_ELECTION_TIMEOUTS: u32 = 2;
+
 /// How long a subscription whose cursor is past this node's end waits for the node to reach
 /// it before `400 invalid_cursor`: the cursor may come from a node further along (a follower
 /// lags its leader by a heartbeat or so), and a client failing over must not read that as a
@@ -323,6 +331,9 @@ pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Subscribers listed by `GET /topics/:name/subscribers`: every recorded cursor of a topic.
 pub const SUBSCRIBERS_LIST_MAX: usize = raft_store::limits::CURSORS_PER_TOPIC_MAX as usize;
+/// The most one subscriber takes in that body: its id (any characters, as many as 6 bytes
+/// each escaped in JSON) and its fields.
+pub const SUBSCRIBER_LIST_ITEM_BYTES_MAX: usize = 6 * ID_CHARS_MAX + 128;
 
 /// Acks refused for a topic's bound on recorded cursors are logged at most this often.
 pub const ACKS_REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(60);
@@ -447,6 +458,8 @@ const _: () = {
     // Reads of the largest pages still proceed many at a time.
     assert!(READ_PAGE_BYTES_RESERVED * 8 <= READ_PAGES_BYTES_MAX);
     assert!(READ_PAGE_BYTES_RESERVED * 2 <= READ_PAGES_BYTES_PER_CLIENT_MAX);
+    // The longest subscriber list still fits a client's share, twice.
+    assert!(SUBSCRIBERS_LIST_MAX * SUBSCRIBER_LIST_ITEM_BYTES_MAX * 2 <= READ_PAGES_BYTES_PER_CLIENT_MAX);
     // A client may send several of the largest bodies at once, and so much in flight on a
     // publishing WebSocket as one connection may hold.
     assert!(BATCH_BODY_BYTES_MAX * 4 <= REQUEST_BODIES_BYTES_PER_CLIENT_MAX);

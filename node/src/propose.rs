@@ -11,18 +11,20 @@
 //! flight; the next batch fills while they commit. After an entry of concurrent writers the
 //! next one waits briefly for them to write again ([`linger_target`], [`PROPOSAL_LINGER`]).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::{RaftMetrics, ServerState};
 use raft_store::typ::Raft;
 use raft_store::{NewMessage, Node, NodeId, Request, Response};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::budget::ByteBudget;
 use crate::limits::{
-    PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_LINGER, PROPOSAL_LINGER_MIN_WRITES,
-    PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_LEN,
-    PROPOSAL_REQUESTS_MAX,
+    PROPOSALS_IN_FLIGHT_MAX, PROPOSAL_BYTES_MAX, PROPOSAL_DEPOSED_ANSWER_WAIT, PROPOSAL_LINGER,
+    PROPOSAL_LINGER_MIN_WRITES, PROPOSAL_LINGER_OFF_ENTRIES, PROPOSAL_MERGED_MESSAGES_MAX, PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_LEN, PROPOSAL_REQUESTS_MAX,
 };
 
 /// A committed and applied write.
@@ -127,10 +129,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
         }
         previous = batch.writes.len();
         let raft = raft.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            propose(&raft, batch.writes).await;
-        });
+        tokio::spawn(async move { propose(&raft, batch.writes, permit).await });
     }
 }
 
@@ -227,12 +226,50 @@ fn failure(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> ProposeFailu
     }
 }
 
-async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
+/// Resolves once this node no longer leads in the term `metrics` shows now (or Raft stopped):
+/// the one case where openraft may never answer an entry this node proposed (see [`outcome`]).
+pub fn deposed(mut metrics: watch::Receiver<RaftMetrics<NodeId, Node>>) -> impl Future<Output = ()> {
+    let (term, leading) = {
+        let m = metrics.borrow_and_update();
+        (m.current_term, m.state == ServerState::Leader)
+    };
+    async move {
+        let _ = metrics.wait_for(|m| m.current_term != term || (leading && m.state != ServerState::Leader)).await;
+    }
+}
+
+/// What Raft answers about an entry, given `permit` back once that answer may never come.
+///
+/// openraft answers a proposal when its entry is applied, or when the entry is cut from the
+/// log, but not when a snapshot from the next leader covers it (the node, deposed while the
+/// entry was in flight, installs the snapshot and purges the entry): then the answer never
+/// comes, and the one permit held for it would stop this node proposing for good, should it
+/// lead again. So once the node stops leading, the permit is released and the answer waited
+/// for [`PROPOSAL_DEPOSED_ANSWER_WAIT`] more; past that the writes are `not_committed`, which
+/// clients retry under the same ids.
+async fn outcome<T>(
+    metrics: watch::Receiver<RaftMetrics<NodeId, Node>>,
+    written: impl Future<Output = Result<T, RaftError<NodeId, ClientWriteError<NodeId, Node>>>>,
+    permit: OwnedSemaphorePermit,
+) -> Result<T, ProposeFailure> {
+    let deposed = deposed(metrics);
+    tokio::pin!(written);
+    tokio::select! {
+        written = &mut written => return written.map_err(failure),
+        () = deposed => {}
+    }
+    drop(permit);
+    match tokio::time::timeout(PROPOSAL_DEPOSED_ANSWER_WAIT, written).await {
+        Ok(written) => written.map_err(failure),
+        Err(_) => Err(ProposeFailure::Other("leadership moved and the entry's outcome is unknown".into())),
+    }
+}
+
+async fn propose(raft: &Raft, mut batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
     if batch.len() == 1 {
         let Some(one) = batch.pop() else { return };
-        let result = raft.client_write(one.request).await;
-        let _ =
-            one.reply.send(result.map(|r| Committed { log_index: r.log_id.index, response: r.data }).map_err(failure));
+        let result = outcome(raft.metrics(), raft.client_write(one.request), permit).await;
+        let _ = one.reply.send(result.map(|r| Committed { log_index: r.log_id.index, response: r.data }));
         return;
     }
     let (requests, answers): (Vec<Request>, Vec<Answers>) = pack(batch).into_iter().unzip();
@@ -242,7 +279,7 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
         Ok([only]) => only,
         Err(requests) => Request::Batch(requests),
     };
-    match raft.client_write(request).await {
+    match outcome(raft.metrics(), raft.client_write(request), permit).await {
         Ok(written) => {
             let log_index = written.log_id.index;
             let responses = match written.data {
@@ -258,10 +295,7 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
                 answer.send(log_index, response);
             }
         }
-        Err(e) => {
-            let e = failure(e);
-            answers.into_iter().for_each(|a| a.fail(&e));
-        }
+        Err(e) => answers.into_iter().for_each(|a| a.fail(&e)),
     }
 }
 
@@ -376,6 +410,8 @@ fn publish_parts(request: Request) -> Result<PublishParts, Request> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use raft_store::{PublishResult, Retention};
 
@@ -407,6 +443,40 @@ mod tests {
             }
             _ => vec![],
         }
+    }
+
+    /// An entry whose answer never comes (a snapshot from the next leader covered it) holds
+    /// the proposer's one permit while this node leads, gives it back once it stops leading,
+    /// and fails as not committed once the wait for its answer is over.
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_leaders_unanswered_entry_gives_the_proposer_back() {
+        let mut leading = RaftMetrics::new_initial(1);
+        (leading.current_term, leading.state) = (3, ServerState::Leader);
+        let (metrics, watched) = watch::channel(leading);
+        let permits = Arc::new(Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().expect("a fresh permit");
+        let never = std::future::pending::<Result<(), RaftError<NodeId, ClientWriteError<NodeId, Node>>>>();
+        let waiting = tokio::spawn(outcome(watched, never, permit));
+
+        tokio::time::sleep(PROPOSAL_DEPOSED_ANSWER_WAIT * 4).await;
+        assert_eq!(permits.available_permits(), 0, "given back while still leading");
+        metrics.send_modify(|m| (m.current_term, m.state) = (4, ServerState::Follower));
+        let again = tokio::time::timeout(Duration::from_millis(1), permits.clone().acquire_owned()).await;
+        assert!(again.is_ok(), "the permit is not given back once deposed");
+        assert!(!waiting.is_finished(), "the answer is waited for a while longer");
+        let answer = waiting.await.expect("the wait ends");
+        assert!(matches!(answer, Err(ProposeFailure::Other(_))), "{answer:?}");
+    }
+
+    /// An answer that does come is passed on, and the permit given back with it.
+    #[tokio::test]
+    async fn an_answered_entry_passes_its_answer_on() {
+        let (_metrics, watched) = watch::channel(RaftMetrics::new_initial(1));
+        let permits = Arc::new(Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().expect("a fresh permit");
+        let answered = std::future::ready(Ok::<u64, RaftError<NodeId, ClientWriteError<NodeId, Node>>>(7));
+        assert_eq!(outcome(watched, answered, permit).await.ok(), Some(7));
+        assert_eq!(permits.available_permits(), 1);
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn at_most_batch_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut messages = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(BATCH_MESSAGES_MAX));
-            while let Some(message) = seq.next_element()? {
+            while let Some(input::Object(message)) = seq.next_element()? {
                 if messages.len() == BATCH_MESSAGES_MAX {
                     return Err(A::Error::custom(format!("messages must hold 1 to {BATCH_MESSAGES_MAX} messages")));
                 }
@@ -279,16 +279,22 @@ pub async fn publish(
                  nothing was stored: retry, or publish with ack=committed"
             )));
         };
+        let deposed = crate::propose::deposed(app.raft.metrics());
         let mut receiver = app.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
         // Keep the id in flight for a while, so a quick retry is a duplicate, and the bytes
-        // counted until the entry resolves (committed, or its leader gone: Raft answers every
-        // entry it took), so appended writes cannot outrun the cluster. Letting the bytes go
-        // at a timeout let a slow cluster take another budget's worth every few seconds.
+        // counted until the entry resolves (committed, or cut from the log: Raft answers
+        // those), so appended writes cannot outrun the cluster. Letting the bytes go at a
+        // timeout let a slow cluster take another budget's worth every few seconds. Raft never
+        // answers an entry a snapshot from the next leader covered, so the bytes also go once
+        // this node stops leading.
         tokio::spawn(async move {
             let resolved = tokio::time::timeout(WRITE_TIMEOUT, &mut receiver).await;
             drop(guard);
             if resolved.is_err() {
-                let _ = receiver.await;
+                tokio::select! {
+                    _ = receiver => {}
+                    () = deposed => {}
+                }
             }
             drop(room);
         });

@@ -207,6 +207,12 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
 }
 
 async fn forward(app: &SharedApp, req: raft_store::Request) -> Result<ForwardReply, ForwardError> {
+    // A node forwards single writes; the proposer alone makes batches. One forwarded already
+    // nested as deep as decoding allows would be wrapped once more into an entry no node
+    // could decode.
+    if matches!(req, raft_store::Request::Batch(_)) {
+        return Err(ForwardError::Failed("a batch is not forwarded: the leader's proposer makes batches".into()));
+    }
     match tokio::time::timeout(WRITE_TIMEOUT, app.proposer.propose(req)).await {
         Err(_) => Err(ForwardError::Timeout),
         Ok(Ok(c)) => Ok(ForwardReply { log_index: c.log_index, response: c.response }),
