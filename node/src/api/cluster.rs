@@ -1,6 +1,7 @@
 //! `GET /cluster`, `/health`, `/ready`, `/metrics` (API.md §2).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
@@ -13,7 +14,7 @@ use super::input;
 use crate::app::{Leadership, SharedApp};
 use crate::budget::{Room, RoomFull};
 use crate::error::ApiError;
-use crate::limits::METRICS_BODIES_WAIT_TIMEOUT;
+use crate::limits::{METRICS_BODIES_WAIT_TIMEOUT, READY_LEADER_UNHEARD_ELECTION_TIMEOUTS};
 use crate::metrics::Metrics;
 use crate::serve::ClientAddr;
 
@@ -77,12 +78,17 @@ pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Ready once this node knows a leader and has applied everything it knows is committed.
+/// Ready once this node knows a leader it hears from and has applied everything it knows is
+/// committed.
 pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError> {
     let applied = app.raft.metrics().borrow().last_applied.map(|l| l.index).unwrap_or(0);
     let committed = app.committed_index.load(Ordering::Relaxed);
     if app.leadership() == Leadership::Unknown {
         return Err(ApiError::NotReady("no leader is known".into()));
+    }
+    let unheard = Duration::from_millis(app.config.election_timeout_ms) * READY_LEADER_UNHEARD_ELECTION_TIMEOUTS;
+    if app.leaderless(unheard) {
+        return Err(ApiError::NotReady(format!("the leader has not been heard from for {} ms", unheard.as_millis())));
     }
     if applied < committed {
         return Err(ApiError::NotReady(format!("applied {applied} of {committed} committed entries")));
