@@ -102,6 +102,26 @@ async fn topics_lifecycle_follows_the_contract() {
         assert_eq!(r.status, 400, "{bad}");
         assert!(is_error_body(&r.body, "invalid_topic_name"), "{:?}", r.body);
     }
+    // The query string's escapes are decoded right after the name on every route, for a topic
+    // that does not exist too (API.md §7).
+    for (method, path) in [
+        ("POST", "/topics/nope"),
+        ("GET", "/topics/nope"),
+        ("DELETE", "/topics/nope"),
+        ("GET", "/topics/nope/subscribers"),
+        ("DELETE", "/topics/nope/subscribers/a"),
+        ("GET", "/topics/nope/publish"),
+        ("GET", "/topics/nope/messages"),
+    ] {
+        let url = format!("{l}{path}?x=%FF");
+        let r = match method {
+            "POST" => post_raw(&url, "").await,
+            "GET" => get(&url).await,
+            _ => delete(&url).await,
+        }
+        .unwrap();
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{method} {path}: {r:?}");
+    }
     let r = post_raw(&format!("{l}/topics/x"), "{not json").await.unwrap();
     assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"));
     let r = post(&format!("{l}/topics/x"), &json!({"metadata": 5})).await.unwrap();
@@ -199,6 +219,8 @@ async fn publish_follows_the_contract() {
         r#"{"id": "x"}"#,
         r#"{"payload": 1, "timestamp": "now"}"#,
         r#"{"id": "", "payload": 1}"#,
+        // A message's fields in order, as an array: no object, no message.
+        r#"[null, {"a": 1}, null]"#,
     ] {
         let r = post_raw(&url, body.to_string()).await.unwrap();
         assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{body}: {r:?}");
@@ -256,6 +278,10 @@ async fn publish_follows_the_contract() {
     assert_eq!(r.body["committed"], true);
     let r = post(&format!("{url}/batch"), &json!({"messages": []})).await.unwrap();
     assert_eq!(r.status, 400);
+    for arrays in [json!({"messages": [[null, 1, null]]}), json!([[{"payload": 1}]])] {
+        let r = post(&format!("{url}/batch"), &arrays).await.unwrap();
+        assert!(r.status == 400 && is_error_body(&r.body, "invalid_request"), "{arrays}: {r:?}");
+    }
     let many: Vec<Value> = (0..1001).map(|i| json!({"payload": i})).collect();
     let r = post(&format!("{url}/batch"), &json!({"messages": many})).await.unwrap();
     assert_eq!(r.status, 400);
@@ -789,6 +815,8 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
         .await
         .unwrap();
     ws.send(Message::Text("not json".into())).await.unwrap();
+    // An array is no frame, even one that lists a frame's fields in order; it has no `ref`.
+    ws.send(Message::Text(r#"["publish","r-1","arr",{"a":1},null]"#.into())).await.unwrap();
     // JSON, but an id of the wrong type: its error still names its ref.
     ws.send(Message::Text(json!({"type": "publish", "ref": "typed", "id": 5, "payload": 1}).to_string().into()))
         .await
@@ -800,7 +828,7 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
         .unwrap();
     let mut sequences = std::collections::BTreeMap::new();
     let mut errors = Vec::new();
-    while sequences.len() + errors.len() < 54 {
+    while sequences.len() + errors.len() < 55 {
         let frame = next_frame(&mut ws).await;
         match frame["type"].as_str() {
             Some("ack") => {
@@ -816,7 +844,7 @@ async fn publishing_over_a_websocket_acks_each_message_with_its_sequence() {
     let dup = errors.iter().find(|e| e["ref"] == "dup").expect("duplicate answered");
     assert_eq!((&dup["error"], &dup["existing_sequence"]), (&json!("duplicate_message_id"), &json!(sequences[&0])));
     let unreferenced = errors.iter().filter(|e| e["ref"].is_null() && e["error"] == "invalid_request").count();
-    assert_eq!(unreferenced, 2, "the frame that is not JSON and the binary one: {errors:?}");
+    assert_eq!(unreferenced, 3, "the frame that is not JSON, the array and the binary one: {errors:?}");
     let typed = errors.iter().find(|e| e["ref"] == "typed").expect("the wrong-typed frame answered with its ref");
     assert_eq!(typed["error"], "invalid_request");
     // An error echoes `ref` exactly as written, as an ack does, even a number no float holds.

@@ -2,6 +2,8 @@
 //! documented 4xx, never a panic or a 5xx.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -9,7 +11,9 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery};
 use axum::Extension;
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use crate::app::App;
 use crate::budget::{ByteBudget, Room, RoomFull};
@@ -149,7 +153,34 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(bytes).map(Some).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))
+    serde_json::from_slice::<Object<T>>(bytes)
+        .map(|Object(value)| Some(value))
+        .map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))
+}
+
+/// A JSON object read as `T`. serde's derived structs also take an array of their fields in
+/// order (`[null, {"a":1}, null]` as a message), which no client means and API.md does not
+/// allow: every body, batch item and frame that is an object is read through this.
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectOnly<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOnly<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                // The fields are still read by the format's own deserializer (`RawValue` needs
+                // serde_json's).
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(ObjectOnly(PhantomData)).map(Object)
+    }
 }
 
 /// Checks a message id or subscriber id: 1–256 characters.
@@ -169,6 +200,23 @@ pub fn path_and_query(uri: &axum::http::Uri) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Fields {
+        id: Option<String>,
+        payload: Box<serde_json::value::RawValue>,
+    }
+
+    #[test]
+    fn a_body_is_an_object_not_its_fields_in_order() {
+        let read = |body: &str| json::<Fields>(body.as_bytes());
+        let fields = read(r#"{"id": "a", "payload": [1, 2.50]}"#).unwrap().unwrap();
+        assert_eq!((fields.id.as_deref(), fields.payload.get()), (Some("a"), "[1, 2.50]"));
+        assert!(read(" ").unwrap().is_none());
+        for refused in [r#"["a", [1]]"#, "[]", "5", r#""a""#, "null"] {
+            assert!(matches!(read(refused), Err(ApiError::InvalidRequest(_))), "{refused}");
+        }
+    }
 
     #[test]
     fn topic_names_follow_the_documented_pattern() {

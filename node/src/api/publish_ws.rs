@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -72,6 +72,7 @@ pub async fn upgrade(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let topic = input::topic_name(path)?;
+    input::query(RawQuery(uri.query().map(String::from)))?;
     let client = input::client_ip(client);
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &topic)?;
@@ -369,7 +370,7 @@ fn binary_frame() -> String {
 
 /// The `ref` of a frame that is not a valid publish frame, if it is JSON with one.
 fn frame_ref(text: &Utf8Bytes) -> Option<Box<RawValue>> {
-    serde_json::from_str::<FrameRef>(text.as_str()).ok().and_then(|f| f.reference)
+    serde_json::from_str::<input::Object<FrameRef>>(text.as_str()).ok().and_then(|input::Object(f)| f.reference)
 }
 
 /// The answers to a group's frames, read but not proposed: `e` for each, under its `ref`.
@@ -402,8 +403,8 @@ fn check_group(app: &SharedApp, frames: &[Utf8Bytes]) -> Checked {
     let mut messages = Vec::with_capacity(frames.len());
     let mut ids_generated = true;
     for (at, text) in frames.iter().enumerate() {
-        let frame = match serde_json::from_str::<PublishFrame>(text.as_str()) {
-            Ok(frame) => frame,
+        let frame = match serde_json::from_str::<input::Object<PublishFrame>>(text.as_str()) {
+            Ok(input::Object(frame)) => frame,
             Err(e) => {
                 let reference = frame_ref(text);
                 // Cut: serde's messages quote the offending value, and every frame's answer

@@ -19,7 +19,8 @@ use super::publish::minify;
 use crate::app::SharedApp;
 use crate::error::ApiError;
 use crate::limits::{
-    SUBSCRIBERS_LIST_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX, TOPIC_LIST_ITEM_BYTES_MAX,
+    SUBSCRIBERS_LIST_MAX, SUBSCRIBER_LIST_ITEM_BYTES_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX,
+    TOPIC_LIST_ITEM_BYTES_MAX,
 };
 use crate::serve::ClientAddr;
 
@@ -85,6 +86,7 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = input::topic_name(path)?;
+    input::query(RawQuery(uri.query().map(String::from)))?;
     let bytes = input::body(&app, input::client_ip(client), body, TOPIC_BODY_BYTES_MAX).await?;
     let (metadata, retention) = creation_metadata(&bytes)?;
     app.require_leader(&input::path_and_query(&uri))?;
@@ -172,8 +174,10 @@ pub async fn list(
 pub async fn get(
     State(app): State<SharedApp>,
     path: Result<Path<String>, PathRejection>,
+    query: RawQuery,
 ) -> Result<Json<TopicInfo>, ApiError> {
     let name = input::topic_name(path)?;
+    input::query(query)?;
     let r = active(&app, &name)?;
     Ok(Json(TopicInfo {
         message_count: r.message_count(),
@@ -203,6 +207,7 @@ pub async fn delete(
     uri: Uri,
 ) -> Result<Json<Value>, ApiError> {
     let name = input::topic_name(path)?;
+    input::query(RawQuery(uri.query().map(String::from)))?;
     app.require_leader(&input::path_and_query(&uri))?;
     active(&app, &name)?;
     let written = app.write(Request::DeleteTopic { topic: name.clone() }).await?;
@@ -222,6 +227,7 @@ pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result
     let (name, subscriber_id) = rest.split_once("/subscribers/").unwrap_or((rest, ""));
     let name = input::percent_decoded(name).ok_or_else(|| ApiError::InvalidTopicName(name.to_string()))?;
     let name = input::topic_name(Ok(Path(name)))?;
+    input::query(RawQuery(uri.query().map(String::from)))?;
     app.require_leader(&input::path_and_query(&uri))?;
     let record = active(&app, &name)?;
     let subscriber_id = input::percent_decoded(subscriber_id)
@@ -246,14 +252,21 @@ pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result
 
 /// Recorded cursors (replicated, the same on every node) plus the subscribers connected to
 /// this node that have not acked yet.
+/// The body (up to 10,000 ids of 256 characters, each escaped to as many as 6 bytes: megabytes)
+/// counts against the read-pages budget and its client's share until sent, as `GET /topics`'s.
 pub async fn subscribers(
     State(app): State<SharedApp>,
+    client: Option<Extension<ClientAddr>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+    query: RawQuery,
+) -> Result<Response, ApiError> {
     let name = input::topic_name(path)?;
+    input::query(query)?;
     let r = active(&app, &name)?;
-    let mut acked: BTreeMap<String, u64> = app.reader.cursors(r.id, SUBSCRIBERS_LIST_MAX)?.into_iter().collect();
     let connected: HashMap<String, u64> = app.connected_subscribers(&name);
+    let listed = (app.reader.cursor_count(r.id) as usize).saturating_add(connected.len()).min(SUBSCRIBERS_LIST_MAX);
+    let room = reserve(&app, input::client_ip(client), listed * SUBSCRIBER_LIST_ITEM_BYTES_MAX).await?;
+    let mut acked: BTreeMap<String, u64> = app.reader.cursors(r.id, SUBSCRIBERS_LIST_MAX)?.into_iter().collect();
     for (id, _) in connected {
         if acked.len() >= SUBSCRIBERS_LIST_MAX {
             break;
@@ -264,5 +277,8 @@ pub async fn subscribers(
         .into_iter()
         .map(|(id, seq)| json!({"subscriber_id": id, "acked_sequence": seq, "lag": r.current_sequence.saturating_sub(seq)}))
         .collect();
-    Ok(Json(json!({"topic": name, "subscribers": list})))
+    // Strings and integers only: serializing cannot fail.
+    let mut body = serde_json::to_vec(&json!({"topic": name, "subscribers": list})).unwrap_or_default();
+    body.shrink_to_fit();
+    Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response())
 }
