@@ -361,6 +361,7 @@ impl Client {
         let mut attempts = 0;
         // Nodes, not answers: a lagging node asked again (the others unreachable) is one.
         let mut denied = HashSet::new();
+        let mut learned = false;
         loop {
             attempts += 1;
             let node = self.next_node();
@@ -372,7 +373,7 @@ impl Client {
                 },
                 Err(Refusal::Api(api)) if may_lag_behind(&api) => {
                     denied.insert(node.clone());
-                    if self.every_node_in(&denied) {
+                    if self.every_node_in_once_learned(&denied, &mut learned).await {
                         return Err(Error::Api(api));
                     }
                     tracing::debug!(%node, %api, "subscription refused; trying the next node");

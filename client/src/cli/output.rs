@@ -8,6 +8,12 @@ use serde_json::{json, Value};
 use super::CliError;
 use crate::error::Error;
 
+/// Writes one line to stderr. A closed stderr (`2>&1 | head`) is ignored, not a panic as with
+/// `eprintln!`: there is nobody left to tell.
+pub fn stderr_line(text: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
 /// Where results and errors go, and in which form.
 #[derive(Debug, Clone, Copy)]
 pub struct Output {
@@ -55,7 +61,7 @@ impl Output {
     /// A notice for people on stderr (nothing with `--json`).
     pub fn note(&self, text: &str) {
         if !self.json {
-            eprintln!("{text}");
+            stderr_line(text);
         }
     }
 
@@ -64,18 +70,18 @@ impl Output {
     /// caller needs in order to act, such as the ids to publish a failed batch again under.
     pub fn notice(&self, text: &str, value: &Value) {
         if self.json {
-            eprintln!("{value}");
+            stderr_line(value);
         } else {
-            eprintln!("{text}");
+            stderr_line(text);
         }
     }
 
     /// Reports an error on stderr: `error: CODE (STATUS): MESSAGE`, or a JSON object.
     pub fn error(&self, error: &CliError) {
         if self.json {
-            eprintln!("{}", error_json(error));
+            stderr_line(error_json(error));
         } else {
-            eprintln!("error: {}", error_text(error));
+            stderr_line(format!("error: {}", error_text(error)));
         }
     }
 }

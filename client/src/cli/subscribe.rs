@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use super::args::{ReadArgs, SubscribeArgs, TailArgs};
-use super::output::format_time_ms;
+use super::output::{format_time_ms, stderr_line};
 use super::{CliError, Output};
 use crate::client::{Client, ReadOptions};
 use crate::endpoint::Cursor;
@@ -144,7 +144,7 @@ async fn print_events(
                     // `tail`'s stdout is payloads alone: the gap is told on stderr, as a
                     // stream warning is, never left silent.
                     (true, Show::Payload) => {
-                        eprintln!("{}", json!({"type": "warning", "error": "messages_expired", "message": text}))
+                        stderr_line(json!({"type": "warning", "error": "messages_expired", "message": text}))
                     }
                     (false, _) => {}
                 }
@@ -188,9 +188,9 @@ async fn print_events(
             // The stream goes on after these; say so and keep printing.
             Some(Err(error @ (Error::SequenceGap { .. } | Error::Protocol { .. }))) => {
                 if output.json {
-                    eprintln!("{}", json!({"type": "warning", "error": "stream", "message": error.to_string()}));
+                    stderr_line(json!({"type": "warning", "error": "stream", "message": error.to_string()}));
                 } else {
-                    eprintln!("warning: {error}");
+                    stderr_line(format!("warning: {error}"));
                 }
             }
             Some(Err(error)) => return Err(error.into()),

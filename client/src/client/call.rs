@@ -169,6 +169,7 @@ impl Client {
         // Nodes that refused a read as a node behind the others may (`may_lag_behind`), or
         // could not be reached: such a refusal is final once every node is one of them.
         let mut passed: HashSet<Url> = HashSet::new();
+        let mut learned = false;
         loop {
             attempts += 1;
             let remaining = policy.operation_timeout.saturating_sub(started.elapsed());
@@ -219,9 +220,10 @@ impl Client {
                 if lag_refusal {
                     passed.insert(target.clone());
                 }
+                let others_left = lag_refusal && !self.every_node_in_once_learned(&passed, &mut learned).await;
                 match classify(status, error.as_ref(), location.as_deref()) {
                     // Final only when every node says so: the next may be further along.
-                    Verdict::Done if lag_refusal && !self.every_node_in(&passed) => {
+                    Verdict::Done if others_left => {
                         redirect_to = Some(self.node_not_in(&passed));
                         sleep_before_next = false;
                         Failure::Api(error.expect("a refusal has an error body"))

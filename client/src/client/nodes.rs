@@ -120,6 +120,22 @@ impl Client {
         self.lock_nodes().known.iter().all(|node| nodes.contains(node))
     }
 
+    /// [`Self::every_node_in`], asking the cluster for its members the first time it would be
+    /// true (`learned` remembers that it did): a client given one address knows no other node,
+    /// and a refusal from a node behind the others (a follower that has not applied a topic's
+    /// creation yet) must not be final while the leader would accept.
+    pub(crate) async fn every_node_in_once_learned(&self, nodes: &HashSet<Url>, learned: &mut bool) -> bool {
+        if !self.every_node_in(nodes) {
+            return false;
+        }
+        if *learned {
+            return true;
+        }
+        *learned = true;
+        self.refresh_nodes().await;
+        self.every_node_in(nodes)
+    }
+
     /// Records a `leader_change` frame's leader address in the cache.
     pub(crate) fn learn_leader_address(&self, address: &str) {
         if let Ok(url) = endpoint::parse_base(address) {

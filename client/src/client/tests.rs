@@ -533,6 +533,23 @@ async fn a_read_refused_by_a_node_behind_goes_to_the_next_node() {
     assert!(matches!(&page, Err(Error::Api(ApiError { status: 400, .. }))), "{page:?}");
 }
 
+/// A client given only a node behind the others asks it for the cluster's members before its
+/// `topic_not_found` is final, and reads from the node that has the topic.
+#[tokio::test]
+async fn a_read_refused_by_the_only_seed_asks_the_cluster_it_names() {
+    let (behind_hits, ahead_hits) = (seen(), seen());
+    let ahead = reading_node(ahead_hits.clone(), a_page).await;
+    let behind = serve_with(|me| {
+        let cluster = cluster_body("node-2", None, &[&me, &ahead]);
+        reads(behind_hits.clone(), || error_response(404, "topic_not_found", json!({})))
+            .route("/cluster", get(move || async move { Json(cluster) }))
+    })
+    .await;
+    let page = fast_client(&[&behind]).read_messages("t", ReadOptions::after(0)).await;
+    assert!(matches!(&page, Ok(p) if p.next_cursor == 7), "{page:?}");
+    assert_eq!((bodies(&behind_hits).len(), bodies(&ahead_hits).len()), (1, 1));
+}
+
 /// Two refusals stay final at once: the cached leader's (it is the freshest: a follower might
 /// still show a topic the leader deleted), and a long poll's `invalid_cursor` (that node
 /// already waited the whole wait for the cursor; asking the others would wait again each).

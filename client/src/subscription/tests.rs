@@ -544,6 +544,31 @@ async fn a_follower_that_has_not_applied_the_topic_yet_is_skipped_for_the_next_n
     assert!(matches!(&sub, Err(Error::Api(api)) if api.code == ErrorCode::TopicNotFound), "{:?}", sub.err());
 }
 
+/// A client given only a follower that has not applied the topic's creation yet asks it for
+/// the cluster's members before taking its `404` as final, and subscribes on the leader.
+#[tokio::test]
+async fn a_lagging_seed_is_not_the_last_word_the_cluster_it_names_is_asked() {
+    let current = ws_node(Shared::default(), |_, mut socket, _| async move {
+        send(&mut socket, sub_frame(0)).await;
+        send(&mut socket, msg(1)).await;
+        send(&mut socket, deleted()).await;
+    })
+    .await;
+    let lagging = serve_with(|me| {
+        let cluster = cluster_body("node-2", Some(&current), &[&me, &current]);
+        Router::new()
+            .route("/cluster", get(move || async move { axum::Json(cluster) }))
+            .route("/topics/{name}/subscribe", get(|| async { error_response(404, "topic_not_found", json!({})) }))
+    })
+    .await;
+    let client = fast_client(&[&lagging]);
+    let sub = match client.subscribe("t", SubscribeOptions::new("s").cursor(Cursor::After(0))).await {
+        Ok(s) => s,
+        Err(e) => panic!("the leader the seed names should have served it: {e}"),
+    };
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+}
+
 /// A node still behind denies the topic; the only node that would serve it is down. Running
 /// out of retries on that denial is not the cluster saying the topic is gone: neither at the
 /// start, nor on a reconnect, where it would end the subscription with `TopicDeleted`.
