@@ -16,7 +16,6 @@ use crate::engine::handler::following_handler::FollowingHandler;
 use crate::engine::handler::leader_handler::LeaderHandler;
 use crate::engine::handler::log_handler::LogHandler;
 use crate::engine::handler::replication_handler::ReplicationHandler;
-use crate::engine::handler::replication_handler::SendNone;
 use crate::engine::handler::server_state_handler::ServerStateHandler;
 use crate::engine::handler::snapshot_handler::SnapshotHandler;
 use crate::engine::handler::vote_handler::VoteHandler;
@@ -181,31 +180,18 @@ where C: RaftTypeConfig
         );
 
         // PATCHED (pubsub-raft): a leader sends its entries before its own flush ends (see
-        // PATCHED.md), so after a power cut its followers may hold entries of its term that
-        // its own log lost. Restored as leader in the same term, it would number new entries
-        // from its shorter log and give them log ids the followers already hold for other
-        // entries; they would keep theirs and the replicas would diverge. So only a node
-        // alone in its membership is restored as leader (no one else can hold its entries).
-        // Any other starts as a follower with its vote downgraded in memory (the stored one
-        // is kept), and the next leader is elected in a new term, where Raft's log matching
-        // holds again.
-        if self.state.is_leader(&self.config.id) && !self.is_alone_in_membership() {
+        // PATCHED.md), so after a power cut other nodes may hold entries of its term that its
+        // own log lost. Restored as leader in the same term, it would number new entries from
+        // its shorter log and give them log ids others already hold for other entries; they
+        // would keep theirs and the replicas would diverge. That holds for a node alone in the
+        // membership left on its disk too: the entry that added another node may be among
+        // those lost, while that node holds it and what followed. So a leader always starts as
+        // a follower with its vote downgraded in memory (the stored one is kept), and the next
+        // leader is elected in a new term, where Raft's log matching holds again (a single
+        // voter elects itself at its first tick).
+        if self.state.is_leader(&self.config.id) {
             tracing::info!("startup: was leader of {}; starting as a follower", self.state.vote_ref());
             self.state.vote.committed = false;
-        }
-
-        // Previously it is a leader. restore it as leader at once
-        if self.state.is_leader(&self.config.id) {
-            self.vote_handler().update_internal_server_state();
-
-            let mut rh = self.replication_handler();
-
-            // Restore the progress about the local log
-            rh.update_local_progress(rh.state.last_log_id().cloned());
-
-            rh.initiate_replication(SendNone::False);
-
-            return;
         }
 
         let server_state = if self.state.membership_state.effective().is_voter(&self.config.id) {
@@ -221,12 +207,6 @@ where C: RaftTypeConfig
             self.config.id,
             self.state.server_state
         );
-    }
-
-    /// PATCHED (pubsub-raft): true when the effective membership names no node but this one.
-    fn is_alone_in_membership(&self) -> bool {
-        let effective = self.state.membership_state.effective();
-        effective.voter_ids().chain(effective.learner_ids()).all(|id| id == self.config.id)
     }
 
     /// Initialize a node by appending the first log.
