@@ -154,6 +154,10 @@ up() {
     *) [ -n "${PUBSUB_CLUSTER_SECRET:-}" ] ||
         die "PUBSUB_HOST_IP=${PUBSUB_HOST_IP} publishes the nodes beyond this host: set PUBSUB_CLUSTER_SECRET (e.g. \$(openssl rand -hex 16)), the same for every node" ;;
     esac
+    # compose never builds it (pull_policy never): say how to, not compose's "no such image".
+    if [ "${PUBSUB_PULL_POLICY:-never}" = never ] && ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+        die "no image $IMAGE here: run deploy/cluster.sh build first"
+    fi
     compose up -d
     echo "==> waiting for /ready on ports ${PORTS[*]}"
     local deadline=$((SECONDS + READY_TIMEOUT_S)) port ready

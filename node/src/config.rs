@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::Parser;
 
 use crate::limits::{
@@ -70,14 +71,14 @@ pub struct Flags {
 
     /// Join a running cluster: never initialize one, even on an empty data dir, and wait for
     /// its leader to add this node (POST /cluster/members on any node).
-    #[arg(long, env = "PUBSUB_JOIN")]
+    #[arg(long, env = "PUBSUB_JOIN", value_parser = BoolishValueParser::new())]
     pub join: bool,
 
     /// Disaster recovery, when a majority of the voters are lost for good: make this node the
     /// only voter of its cluster, keeping its data (writes acknowledged by the lost nodes alone
     /// are gone), then add new nodes with --join. For one start only: refused on a data dir it
     /// was already used on.
-    #[arg(long, env = "PUBSUB_FORCE_NEW_CLUSTER")]
+    #[arg(long, env = "PUBSUB_FORCE_NEW_CLUSTER", value_parser = BoolishValueParser::new())]
     pub force_new_cluster: bool,
 }
 
