@@ -1306,6 +1306,73 @@ async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
     .await;
 }
 
+/// `count` subscriptions to topic `big` from `ip`, from its start, each reading nothing past
+/// the handshake, with small socket buffers.
+async fn unread_subscriptions(url: &str, ip: &str, count: usize) -> Vec<Ws> {
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let mut sockets = Vec::new();
+    for i in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
+        let url = format!("ws://{addr}/topics/big/subscribe?subscriber_id=hog-{i}&cursor=0");
+        let (ws, _) =
+            tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await.unwrap();
+        sockets.push(ws);
+    }
+    sockets
+}
+
+/// A client whose many subscriptions read nothing holds at most its address's share of the
+/// node's read budget, pages served from the shared frame cache included, so another client
+/// still reads at once. Before, a page from the cache counted against the node's budget alone,
+/// once per session: a hundred slow sessions of one client filled it with the same shared
+/// frames, and every other client's reads from storage waited.
+#[tokio::test]
+async fn a_client_whose_subscriptions_read_nothing_holds_only_its_share() {
+    use pubsub_node::limits::READ_PAGES_BYTES_PER_CLIENT_MAX;
+    /// Each holds a page of about 2 MB once its socket's buffers are full: together far more
+    /// than one client's share, and than the node's whole budget.
+    const HOG_SUBSCRIPTIONS: usize = 150;
+    let (_c, l) = node_with_big_messages().await;
+    // A subscriber that reads puts every frame in the cache, where the hog's sessions find them.
+    let mut reader = ws_connect(&l, "/topics/big/subscribe?subscriber_id=reader&cursor=0").await;
+    assert_eq!(next_frame(&mut reader).await["subtype"], "subscribed");
+    for sequence in 1..=8 {
+        assert_eq!(next_frame(&mut reader).await["sequence"], sequence);
+    }
+    let hog = unread_subscriptions(&l, "127.0.0.2", HOG_SUBSCRIPTIONS).await;
+    // Once every session is blocked on its socket with a page in hand, what it holds stops
+    // changing: the same over five scrapes 100 ms apart.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen: Vec<u64> = Vec::new();
+    let held = loop {
+        assert!(std::time::Instant::now() < deadline, "the hog's pages never settled: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen.push(read_pages_bytes(&l).await);
+        let last = &seen[seen.len().saturating_sub(5)..];
+        if last.len() == 5 && last.iter().all(|&b| b == last[0]) && last[0] > READ_PAGES_BYTES_PER_CLIENT_MAX as u64 / 2
+        {
+            break last[0];
+        }
+    };
+    assert!(held <= READ_PAGES_BYTES_PER_CLIENT_MAX as u64, "the hog holds {held} bytes, past its share");
+
+    let started = std::time::Instant::now();
+    let (status, body) = http::get_json(&format!("{l}/topics/big/messages?limit=2")).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5), "read after {:?}", started.elapsed());
+    let held = read_pages_bytes(&l).await;
+    assert!(held <= READ_PAGES_BYTES_PER_CLIENT_MAX as u64, "the hog holds {held} bytes, past its share");
+
+    drop(hog);
+    wait_until("the hog's pages given back", Duration::from_secs(10), || async {
+        (read_pages_bytes(&l).await == 0).then_some(())
+    })
+    .await;
+}
+
 /// `pubsub_request_bodies_bytes` from `url`'s metrics.
 async fn request_bodies_bytes(url: &str) -> u64 {
     http::metric(url, "pubsub_request_bodies_bytes").await.expect("metric listed")

@@ -279,6 +279,9 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.reset();
     let mut cursor = s.cursor;
+    // This client's share of the pages-read budget, looked up once (pages come from the
+    // cache once per message on a fan-out).
+    let own_pages = s.client.map(|ip| app.client_read_pages.of(ip));
     // Created once, not on every turn of the loop: each turn woken by a message would
     // otherwise register and unregister two more waiters (a node's profile showed them).
     let client_gone = signals.client_gone.notified();
@@ -326,8 +329,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // One from storage reserves its worst case before the read. Others' pages may
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
-                let own = s.client.map(|ip| app.client_read_pages.of(ip));
-                let take = Room::take(&app.read_pages, own.as_ref(), SUBSCRIBE_PAGE_BYTES_RESERVED, None);
+                let take = Room::take(&app.read_pages, own_pages.as_ref(), SUBSCRIBE_PAGE_BYTES_RESERVED, None);
                 tokio::pin!(take);
                 let mut room = loop {
                     tokio::select! {
@@ -341,14 +343,16 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 };
                 page = read_page(app, s, cursor)?;
                 room.shrink(frame_bytes(&page));
-                (Some(room), None)
+                Some(room)
             } else {
                 // One from the cache counts when there is room, and never waits for it: its
                 // frames are shared with the cache, which has a bound of its own, and a live
                 // subscriber must not wait behind others' slow readers. What it holds beyond
                 // the cache (frames dropped while it sends them) is one page, at most 1 MiB and
-                // a message.
-                (None, app.read_pages.try_take(frame_bytes(&page)))
+                // a message. It counts against its client's share too: one client's many slow
+                // sessions, each counting the same shared frames, would otherwise fill the
+                // node's budget and hold up every other client's reads from storage.
+                Room::try_take(&app.read_pages, own_pages.as_ref(), frame_bytes(&page))
             };
             if deliver_page(app, out, s, &mut cursor, last, ends_at_deletion, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
