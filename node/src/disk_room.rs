@@ -10,7 +10,7 @@
 //! node's claim is recent, so that a follower with a smaller or fuller disk is not the one
 //! that fills and stops.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
@@ -158,11 +158,19 @@ pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
         return Ok(());
     }
     let claims = app.reader.disk_short_claims();
-    let nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), Some(app.id()));
+    let members = members(app);
+    let mut nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), Some(app.id()));
+    nodes.retain(|node| members.contains(node));
     if nodes.is_empty() {
         return Ok(());
     }
     Err(ApiError::NodesShortOfStorage { nodes })
+}
+
+/// The nodes of the cluster's membership now, voters and learners. A node removed while it
+/// runs never learns of it (API.md §2) and goes on renewing its claim: only members' count.
+pub fn members(app: &App) -> BTreeSet<u64> {
+    app.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect()
 }
 
 /// Tells the cluster when this node's data dir becomes short of room (renewing the claim every
@@ -186,7 +194,9 @@ pub async fn report(app: Weak<App>) {
             let claims = app.reader.disk_short_claims();
             let fresh = app.claims_seen.fresh(&claims, now.into_std(), Some(app.id()));
             if app.leadership() == crate::app::Leadership::Me {
-                for &node in claims.keys().filter(|&&node| node != app.id() && !fresh.contains(&node)) {
+                let members = members(&app);
+                let withdrawn = |node: &u64| !fresh.contains(node) || !members.contains(node);
+                for &node in claims.keys().filter(|&&node| node != app.id() && withdrawn(&node)) {
                     let request = Request::SetDiskShort { node_id: node, short: false, now_ms: app.now_ms() };
                     if let Err(e) = app.propose_anywhere(request).await {
                         tracing::debug!(error = %e, node, "a lapsed disk claim not withdrawn yet; retrying");

@@ -389,8 +389,9 @@ async fn retention_ticks(app: std::sync::Weak<App>) {
         if app.shutdown.is_cancelled() {
             return;
         }
-        let wants_tick =
-            app.reader.active_topics().iter().any(|t| t.retention.hours.is_some() && t.message_count() > 0);
+        // Deleted topics too: their messages stay for subscribers resuming from before the
+        // deletion (API.md §3), and `retention_hours` trims them as it does live ones.
+        let wants_tick = app.reader.any_topic(|t| t.retention.hours.is_some() && t.message_count() > 0);
         if wants_tick && app.leadership() == app::Leadership::Me {
             let _ = app.propose_anywhere(Request::Tick { now_ms: app.now_ms() }).await;
         }

@@ -139,6 +139,11 @@ impl StoreReader {
     }
 
     /// Active topic records, sorted by name.
+    /// Whether any topic record, deleted ones included, satisfies `pred` (nothing copied).
+    pub fn any_topic(&self, pred: impl Fn(&TopicRecord) -> bool) -> bool {
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.values().any(pred)
+    }
+
     pub fn active_topics(&self) -> Vec<TopicRecord> {
         self.active_topics_page(None, usize::MAX).0
     }

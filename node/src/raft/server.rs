@@ -213,6 +213,12 @@ async fn forward(app: &SharedApp, req: raft_store::Request) -> Result<ForwardRep
     if matches!(req, raft_store::Request::Batch(_)) {
         return Err(ForwardError::Failed("a batch is not forwarded: the leader's proposer makes batches".into()));
     }
+    // A node removed while it runs never learns of it and goes on claiming disk room.
+    if let raft_store::Request::SetDiskShort { node_id, short: true, .. } = &req {
+        if !crate::disk_room::members(app).contains(node_id) {
+            return Err(ForwardError::Failed(format!("node-{node_id} is not a member of this cluster")));
+        }
+    }
     match tokio::time::timeout(WRITE_TIMEOUT, app.proposer.propose(req)).await {
         Err(_) => Err(ForwardError::Timeout),
         Ok(Ok(c)) => Ok(ForwardReply { log_index: c.log_index, response: c.response }),
