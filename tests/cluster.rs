@@ -930,6 +930,51 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     assert_eq!((taken.status, taken.body["sequence"].as_u64()), (201, Some(stored + 1)), "{:?}", taken.body);
 }
 
+/// A follower short of disk room, removed from the cluster while it goes on running (it never
+/// learns of its removal and goes on renewing its claim), no longer stops the leader taking
+/// publishes: only members' claims count, and the leader takes no claim from a non-member.
+/// Before, its renewals kept the claim fresh and every publish was refused until it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes() {
+    use pubsub_node::limits::{DISK_ROOM_REPORT_INTERVAL, DISK_SHORT_CLAIM_RENEW};
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let follower = (leader + 1) % 3;
+    c.kill(follower);
+    c.nodes[follower].args = vec!["--min-free-bytes".into(), (u64::MAX / 2).to_string()];
+    c.restart(follower);
+    let l = c.url(leader);
+    let (url, body) = (format!("{l}/topics/t/messages"), json!({"payload": 1}));
+    let publish = || post(&url, &body);
+    wait_until("a publish refused for the follower's disk", CONVERGE, || async {
+        (publish().await.unwrap().status == 507).then_some(())
+    })
+    .await;
+
+    let removed = change_members(&c, |url| {
+        pubsub_tests::http::client().delete(format!("{url}/cluster/members/{}", c.nodes[follower].id))
+    })
+    .await;
+    assert_eq!(removed.status, 200, "{removed:?}");
+    assert!(c.running(follower));
+    let l = c.url(c.wait_leader(CONVERGE).await);
+    let url = format!("{l}/topics/t/messages");
+    let taken = wait_until("a publish taken once the follower is removed", CLAIM_WITHDRAWN_MAX, || async {
+        let reply = post(&url, &body).await.unwrap();
+        (reply.status != 507).then_some(reply)
+    })
+    .await;
+    assert_eq!(taken.status, 201, "{taken:?}");
+    // Past its next renewals, publishes are still taken.
+    let past_renewals = tokio::time::Instant::now() + DISK_SHORT_CLAIM_RENEW + DISK_ROOM_REPORT_INTERVAL * 3;
+    while tokio::time::Instant::now() < past_renewals {
+        let reply = post(&url, &body).await.unwrap();
+        assert_eq!(reply.status, 201, "{reply:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Sends a membership change to the first running node with the cluster's secret, following
 /// redirects to the leader and retrying while no leader is known or another change is in progress.
 async fn change_members(c: &Cluster, request: impl Fn(&str) -> reqwest::RequestBuilder) -> pubsub_tests::http::Reply {
@@ -947,6 +992,38 @@ async fn change_members(c: &Cluster, request: impl Fn(&str) -> reqwest::RequestB
             _ => return r,
         }
     }
+}
+
+/// A voter is not removed while another is down: the two left could not commit the change (a
+/// majority of each configuration must agree), and the cluster would take no writes, then have
+/// no leader once the removed node stopped. The lost node itself is removed, and writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_is_not_removed_while_another_is_down_but_the_lost_one_is() {
+    let mut c = Cluster::start(Options::default()).await;
+    create_topic(&c, "t").await;
+    let leader = c.wait_leader(CONVERGE).await;
+    let (kept, lost) = ((leader + 1) % 3, (leader + 2) % 3);
+    c.kill(lost);
+    // The leader counts a voter as down once it has not answered for an election timeout;
+    // nothing outside the leader tells when that is.
+    tokio::time::sleep(Duration::from_millis(2 * Options::default().election_timeout_ms)).await;
+    let remove = |i: usize| {
+        let mut builder = pubsub_tests::http::client()
+            .delete(format!("{}/cluster/members/{}", c.url(leader), c.nodes[i].id))
+            .timeout(Duration::from_secs(30));
+        if let Some(secret) = c.secret() {
+            builder = builder.bearer_auth(secret);
+        }
+        pubsub_tests::http::send(builder)
+    };
+    let refused = remove(kept).await.expect("the leader answers");
+    assert_eq!((refused.status, &refused.body["error"]), (503, &json!("unavailable")), "{refused:?}");
+    let message = refused.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("node-{}", c.nodes[lost].id)), "{message}");
+    let removed = remove(lost).await.expect("the leader answers");
+    assert_eq!(removed.status, 200, "{removed:?}");
+    assert_eq!(roles(&removed.body).len(), 2, "{removed:?}");
+    publish_retrying(&c.urls(), "t", "after", &json!(1), CONVERGE).await.expect("acked by the two left");
 }
 
 /// `node-N` → role, from a membership answer or `/cluster`.

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -188,6 +189,38 @@ fn removal(membership: &Membership<NodeId, Node>, id: NodeId) -> Result<ChangeMe
     }
 }
 
+/// Refuses a change of voters that the voters it leaves could not commit: a majority of them
+/// must have answered this leader within an election timeout (itself counting if it stays).
+/// Removing a voter while another is down would otherwise leave a joint configuration that
+/// never commits: no writes, and once the old leader stops, no leader (etcd's strict
+/// reconfiguration check refuses the same).
+fn require_quorum_after(
+    app: &App,
+    membership: &Membership<NodeId, Node>,
+    wanted: &ChangeMembers<NodeId, Node>,
+) -> Result<(), ApiError> {
+    let base: BTreeSet<NodeId> = membership.get_joint_config().last().cloned().unwrap_or_default();
+    let after: BTreeSet<NodeId> = match wanted {
+        ChangeMembers::RemoveVoters(ids) => base.difference(ids).copied().collect(),
+        ChangeMembers::AddVoterIds(ids) => base.union(ids).copied().collect(),
+        _ => return Ok(()),
+    };
+    let recent = Duration::from_millis(app.config.election_timeout_ms);
+    let silent: Vec<NodeId> =
+        after.iter().copied().filter(|&id| id != app.id() && !app.peers.answered_within(id, recent)).collect();
+    if (after.len() - silent.len()) * 2 > after.len() {
+        return Ok(());
+    }
+    Err(ApiError::Unavailable(format!(
+        "after this change the voters would be {}, and {} of them ({}) have not answered the leader within {} ms: \
+         they could not commit it; bring them back first, or remove a lost one before another",
+        crate::error::node_names(&after).join(", "),
+        silent.len(),
+        crate::error::node_names(&silent).join(", "),
+        recent.as_millis()
+    )))
+}
+
 /// The membership this node holds (the latest, committed or not) and where it was written.
 fn current_membership(app: &App) -> (Membership<NodeId, Node>, Option<LogId>) {
     let metrics = app.raft.metrics();
@@ -227,7 +260,9 @@ async fn change(
         return Err(in_progress());
     };
     wait_membership_committed(app, where_, deadline).await?;
-    let wanted = plan(&current_membership(app).0)?;
+    let current = current_membership(app).0;
+    let wanted = plan(&current)?;
+    require_quorum_after(app, &current, &wanted)?;
     let raft = app.raft.clone();
     let task = tokio::spawn(async move {
         let changed = tokio::time::timeout_at(deadline, raft.change_membership(wanted, false)).await;

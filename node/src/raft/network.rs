@@ -75,11 +75,24 @@ pub struct PeerPool {
     env: Env,
     intro: Introduction,
     conns: Mutex<HashMap<(NodeId, String), Arc<PeerConn>>>,
+    /// When each peer last answered one of this node's RPCs (a leader's heartbeats go out
+    /// every heartbeat interval, so a live follower answers that often).
+    answered: Mutex<HashMap<NodeId, Instant>>,
 }
 
 impl PeerPool {
     pub fn new(env: Env, intro: Introduction) -> Arc<Self> {
-        Arc::new(Self { env, intro, conns: Mutex::new(HashMap::new()) })
+        Arc::new(Self { env, intro, conns: Mutex::new(HashMap::new()), answered: Mutex::new(HashMap::new()) })
+    }
+
+    /// Whether peer `id` answered an RPC of this node within `within`.
+    pub fn answered_within(&self, id: NodeId, within: Duration) -> bool {
+        let answered = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+        answered.get(&id).is_some_and(|at| at.elapsed() <= within)
+    }
+
+    fn note_answered(&self, id: NodeId) {
+        self.answered.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Instant::now());
     }
 
     /// The connection to `target` at `addr`, created (not yet dialed) on first use.
@@ -386,7 +399,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
-        PeerClient { target, conn: self.pool.conn(target, &node.addr), entries_cap: None }
+        PeerClient { target, conn: self.pool.conn(target, &node.addr), pool: self.pool.clone(), entries_cap: None }
     }
 }
 
@@ -394,6 +407,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     conn: Arc<PeerConn>,
+    pool: Arc<PeerPool>,
     /// Set when an AppendEntries of several entries timed out: the next one carries at most
     /// this many. openraft never shrinks a batch after a timeout by itself, so on a link too
     /// slow for a full batch within its deadline a lagging follower would never catch up.
@@ -444,6 +458,7 @@ impl PeerClient {
             // An older build that does not know this request: backing off is all there is to do.
             return Err(TransportError::Unreachable(format!("node-{} cannot read this request", self.target)));
         }
+        self.pool.note_answered(self.target);
         Ok(response)
     }
 }
@@ -622,7 +637,7 @@ mod tests {
         use openraft::{Entry, EntryPayload, LeaderId, LogId, Vote};
         let (addr, _accepted) = peer_that_stops_reading().await;
         let pool = PeerPool::new(Env::production(None), anonymous());
-        let mut client = PeerClient { target: 2, conn: pool.conn(2, &addr), entries_cap: None };
+        let mut client = PeerClient { target: 2, conn: pool.conn(2, &addr), pool: pool.clone(), entries_cap: None };
         let request = |n: u64| AppendEntriesRequest {
             vote: Vote::new_committed(1, 1),
             prev_log_id: None,
