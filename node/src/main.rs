@@ -96,6 +96,10 @@ fn lower_this_threads_priority() {
 }
 
 async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u64)>) {
+    // Before anything slow (opening the store, scanning the log): a signal during start-up is
+    // then a clean stop once the node serves, not the default action (death, or nothing at
+    // all for PID 1 in a container, which `docker stop` then kills after its grace period).
+    let shutdown = shutdown_signal();
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
@@ -123,7 +127,7 @@ async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u6
             tracing::warn!(error = %e, "cannot set TCP_NODELAY or keepalive on an accepted connection");
         }
     });
-    let code = match pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown_signal()).await {
+    let code = match pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e}");
@@ -142,24 +146,33 @@ async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u6
     unsafe { libc::_exit(code) }
 }
 
-/// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
+/// SIGTERM or SIGINT (Ctrl-C), their handlers installed now, when this is called, not when the
+/// future is first polled.
+#[cfg(unix)]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, Signal, SignalKind};
+    async fn received(signal: Option<Signal>) {
+        match signal {
+            Some(mut s) => {
                 s.recv().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+            None => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    }
+    let term = received(signal(SignalKind::terminate()).ok());
+    let interrupt = received(signal(SignalKind::interrupt()).ok());
+    async move {
+        tokio::select! {
+            () = term => {},
+            () = interrupt => {},
+        }
+    }
+}
+
+/// Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
