@@ -25,6 +25,9 @@ use crate::limits::{HEADER_READ_TIMEOUT, WRITE_STALL_TIMEOUT};
 
 pub struct IoDeadline<IO> {
     io: IO,
+    /// The connection's place among the node's connections (`serve.rs`), held as long as the
+    /// connection: an upgraded WebSocket keeps this IO, and so its place.
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Armed at the accept; disarmed by the first byte read (or the end of the stream).
     first_byte: Option<Pin<Box<Sleep>>>,
     /// Armed when a write first had to wait; disarmed when one makes progress.
@@ -34,7 +37,13 @@ pub struct IoDeadline<IO> {
 impl<IO> IoDeadline<IO> {
     /// Wraps a connection just accepted: its first byte is due within [`HEADER_READ_TIMEOUT`].
     pub fn new(io: IO) -> Self {
-        Self { io, first_byte: Some(Box::pin(tokio::time::sleep(HEADER_READ_TIMEOUT))), stalled: None }
+        Self { io, _place: None, first_byte: Some(Box::pin(tokio::time::sleep(HEADER_READ_TIMEOUT))), stalled: None }
+    }
+
+    /// Holds `place` until the connection is dropped.
+    pub fn holding(mut self, place: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self._place = Some(place);
+        self
     }
 
     fn guard<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {

@@ -203,7 +203,8 @@ where
             token.cancel();
         }
     };
-    serve::serve(listener, api::router(app.clone()), signal).await;
+    let connections_max = limits::connections_max(open_files_limit());
+    serve::serve(listener, api::router(app.clone()), signal, connections_max).await;
     // The server does not wait for upgraded connections: wait for the subscriptions to close,
     // so that no ack is recorded after the last flush below.
     let closed = async {
@@ -376,6 +377,19 @@ async fn name_the_cluster(app: std::sync::Weak<App>) {
         if metrics.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// This process's open-files limit (the soft one, which `main` raises to the hard one first);
+/// unlimited when it cannot be read.
+fn open_files_limit() -> u64 {
+    // SAFETY: getrlimit writes only the struct passed.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return u64::MAX;
+        }
+        limit.rlim_cur as u64
     }
 }
 

@@ -288,6 +288,21 @@ pub const SUBSCRIPTIONS_MAX: usize = 100_000;
 pub const OPEN_FILES_WANTED: usize = SUBSCRIPTIONS_MAX + PUBLISH_WS_CONNECTIONS_MAX + 16_384;
 /// The soft open-files limit taken when the hard one is unlimited (Linux's default `nr_open`).
 pub const OPEN_FILES_UNLIMITED_CAP: u64 = 1 << 20;
+/// Open files kept from client connections, for what the node itself opens: RocksDB's table
+/// and WAL files, the log's segments, snapshots, connections to peers. A connection past the
+/// rest waits in the listen queue (`serve.rs`): at the limit a new log segment or table file
+/// would fail, and the Raft core with it.
+pub const OPEN_FILES_RESERVED: u64 = 2048;
+/// Client connections a node keeps at least, however low its open-files limit.
+pub const CONNECTIONS_MIN: usize = 64;
+/// A node at its bound on connections says so at most this often.
+pub const CONNECTIONS_FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Client connections (HTTP, subscriptions, publishing WebSockets) a node serves at once,
+/// given its open-files limit.
+pub fn connections_max(open_files_limit: u64) -> usize {
+    (open_files_limit.saturating_sub(OPEN_FILES_RESERVED) as usize).max(CONNECTIONS_MIN)
+}
 
 /// How often coalesced acks are written through Raft.
 pub const ACK_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
