@@ -266,6 +266,15 @@ async fn change(
     let raft = app.raft.clone();
     let task = tokio::spawn(async move {
         let changed = tokio::time::timeout_at(deadline, raft.change_membership(wanted, false)).await;
+        // openraft answers before its metrics show the new membership. The next change (and
+        // this request's wait for its learner) reads them: on the old membership it would add
+        // a second node at a learner's address, or take the learner for removed.
+        if let Ok(Ok(response)) = &changed {
+            let written = Some(response.log_id);
+            let shown = move |m: &raft_store::typ::RaftMetrics| *m.membership_config.log_id() >= written;
+            let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let _ = raft.wait(Some(within)).metrics(shown, "the metrics show the new membership").await;
+        }
         drop(running);
         changed
     });
