@@ -1210,17 +1210,23 @@ async fn pages_read_for_a_subscriber_that_stopped_reading_count_until_sent() {
     .await;
 }
 
+/// A connection from `ip` to the node at `url` with a small receive buffer, so that a client
+/// that reads nothing soon leaves the node's writes waiting.
+async fn small_buffered_connection(url: &str, ip: &str) -> tokio::net::TcpStream {
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
 /// `requests` connections from `ip` to the node at `url`, each asking for the 8 messages of
 /// topic `big` (1 MB each, see below) and reading nothing, with small socket buffers.
 async fn unread_page_requests(url: &str, ip: &str, requests: usize) -> Vec<tokio::net::TcpStream> {
     use tokio::io::AsyncWriteExt;
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let mut streams = Vec::new();
     for _ in 0..requests {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
+        let mut stream = small_buffered_connection(url, ip).await;
         stream.write_all(b"GET /topics/big/messages?limit=8 HTTP/1.1\r\nhost: node\r\n\r\n").await.unwrap();
         streams.push(stream);
     }
@@ -1309,14 +1315,10 @@ async fn a_client_that_does_not_read_its_pages_holds_only_its_share() {
 /// `count` subscriptions to topic `big` from `ip`, from its start, each reading nothing past
 /// the handshake, with small socket buffers.
 async fn unread_subscriptions(url: &str, ip: &str, count: usize) -> Vec<Ws> {
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let mut sockets = Vec::new();
     for i in 0..count {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
-        let stream = socket.connect(addr).await.unwrap();
-        let url = format!("ws://{addr}/topics/big/subscribe?subscriber_id=hog-{i}&cursor=0");
+        let stream = small_buffered_connection(url, ip).await;
+        let url = format!("{}/topics/big/subscribe?subscriber_id=hog-{i}&cursor=0", url.replace("http://", "ws://"));
         let (ws, _) =
             tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await.unwrap();
         sockets.push(ws);

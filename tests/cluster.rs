@@ -886,6 +886,13 @@ const CLAIM_WITHDRAWN_MAX: Duration = Duration::from_secs(10);
 /// cluster through the log, and the leader then refuses publishes `507 insufficient_storage`
 /// naming it, storing nothing, while reads go on; started again with room, it withdraws its
 /// claim and publishes are taken at the next sequence.
+/// Restarts node `i` with a free-space reserve no disk has: it claims to be short of room.
+fn restart_short_of_disk(c: &mut Cluster, i: usize) {
+    c.kill(i);
+    c.nodes[i].args = vec!["--min-free-bytes".into(), (u64::MAX / 2).to_string()];
+    c.restart(i);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has_room() {
     let mut c = Cluster::start(Options::default()).await;
@@ -895,9 +902,7 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     let (url, body) = (format!("{l}/topics/t/messages"), json!({"payload": 1}));
     let publish = || post(&url, &body);
     assert_eq!(publish().await.unwrap().status, 201);
-    c.kill(follower);
-    c.nodes[follower].args = vec!["--min-free-bytes".into(), (u64::MAX / 2).to_string()];
-    c.restart(follower);
+    restart_short_of_disk(&mut c, follower);
 
     let refused = wait_until("a publish refused for the follower's disk", CONVERGE, || async {
         let reply = publish().await.unwrap();
@@ -941,9 +946,7 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let follower = (leader + 1) % 3;
-    c.kill(follower);
-    c.nodes[follower].args = vec!["--min-free-bytes".into(), (u64::MAX / 2).to_string()];
-    c.restart(follower);
+    restart_short_of_disk(&mut c, follower);
     let l = c.url(leader);
     let (url, body) = (format!("{l}/topics/t/messages"), json!({"payload": 1}));
     let publish = || post(&url, &body);

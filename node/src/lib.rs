@@ -203,7 +203,7 @@ where
             token.cancel();
         }
     };
-    let connections_max = limits::connections_max(open_files_limit());
+    let connections_max = limits::connections_max(open_files_limit().map_or(u64::MAX, |l| l.rlim_cur));
     serve::serve(listener, api::router(app.clone()), signal, connections_max).await;
     // The server does not wait for upgraded connections: wait for the subscriptions to close,
     // so that no ack is recorded after the last flush below.
@@ -380,16 +380,13 @@ async fn name_the_cluster(app: std::sync::Weak<App>) {
     }
 }
 
-/// This process's open-files limit (the soft one, which `main` raises to the hard one first);
-/// unlimited when it cannot be read.
-fn open_files_limit() -> u64 {
+/// This process's open-files limit, soft (`rlim_cur`, which `main` raises to the hard one
+/// first) and hard; `None` when it cannot be read.
+pub fn open_files_limit() -> Option<libc::rlimit> {
     // SAFETY: getrlimit writes only the struct passed.
     unsafe {
         let mut limit: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return u64::MAX;
-        }
-        limit.rlim_cur as u64
+        (libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0).then_some(limit)
     }
 }
 

@@ -28,24 +28,18 @@ fn main() {
 /// file and a common soft limit of 1,024 would refuse connections long before
 /// [`OPEN_FILES_WANTED`]. `None` when the limit cannot be read.
 fn raise_open_files_limit() -> Option<(u64, u64)> {
-    // SAFETY: getrlimit and setrlimit read and write only the struct passed.
-    unsafe {
-        let mut limit: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return None;
+    let limit = pubsub_node::open_files_limit()?;
+    let found = limit.rlim_cur as u64;
+    // An unlimited hard limit is not a value the soft one may take on Linux.
+    let wanted = if limit.rlim_max == libc::RLIM_INFINITY { OPEN_FILES_UNLIMITED_CAP } else { limit.rlim_max as u64 };
+    if wanted > found {
+        let raised = libc::rlimit { rlim_cur: wanted as libc::rlim_t, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit reads only the struct passed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Some((found, wanted));
         }
-        let found = limit.rlim_cur as u64;
-        // An unlimited hard limit is not a value the soft one may take on Linux.
-        let wanted =
-            if limit.rlim_max == libc::RLIM_INFINITY { OPEN_FILES_UNLIMITED_CAP } else { limit.rlim_max as u64 };
-        if wanted > found {
-            let raised = libc::rlimit { rlim_cur: wanted as libc::rlim_t, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return Some((found, wanted));
-            }
-        }
-        Some((found, found))
     }
+    Some((found, found))
 }
 
 /// Logs the open-files limit, warning when it is below what the node may use.

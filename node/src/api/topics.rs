@@ -17,6 +17,7 @@ use super::input;
 use super::messages::reserve;
 use super::publish::minify;
 use crate::app::SharedApp;
+use crate::budget::Room;
 use crate::error::ApiError;
 use crate::limits::{
     SUBSCRIBERS_LIST_MAX, SUBSCRIBER_LIST_ITEM_BYTES_MAX, TOPICS_MAX, TOPICS_METADATA_BYTES_MAX, TOPIC_BODY_BYTES_MAX,
@@ -164,11 +165,15 @@ pub async fn list(
             .collect(),
         next_after: if more { records.last().map(|r| r.name.as_str()) } else { None },
     };
-    // Strings and integers only: serializing cannot fail.
-    let mut body = serde_json::to_vec(&list).unwrap_or_default();
-    // The room held shrinks to the body's length: so does the allocation.
+    Ok(held_json(room, &list))
+}
+
+/// `value` (strings and integers only: serializing cannot fail) as a JSON body that holds
+/// `room` until sent, shrunk to the body's length, as is its allocation.
+fn held_json(room: Room, value: &impl Serialize) -> Response {
+    let mut body = serde_json::to_vec(value).unwrap_or_default();
     body.shrink_to_fit();
-    Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response())
+    ([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response()
 }
 
 pub async fn get(
@@ -277,8 +282,5 @@ pub async fn subscribers(
         .into_iter()
         .map(|(id, seq)| json!({"subscriber_id": id, "acked_sequence": seq, "lag": r.current_sequence.saturating_sub(seq)}))
         .collect();
-    // Strings and integers only: serializing cannot fail.
-    let mut body = serde_json::to_vec(&json!({"topic": name, "subscribers": list})).unwrap_or_default();
-    body.shrink_to_fit();
-    Ok(([(header::CONTENT_TYPE, "application/json")], room.hold(body)).into_response())
+    Ok(held_json(room, &json!({"topic": name, "subscribers": list})))
 }
