@@ -308,7 +308,7 @@ impl SegmentLog {
         };
         // A file left under the name would start a segment the log does not know of.
         let (file, salt, preallocated) =
-            opened.and_then(|opened| sync_dir(&self.dir).map(|()| opened)).inspect_err(|_| {
+            opened.and_then(|opened| self.sync_dir().map(|()| opened)).inspect_err(|_| {
                 let _ = fs::remove_file(&path);
             })?;
         Ok(Segment {
@@ -342,6 +342,14 @@ impl SegmentLog {
         let _turn = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         self.refuse_after_failed_sync()?;
         sync().map_err(|e| self.sync_failed(e))
+    }
+
+    /// Makes the log directory's entries durable (a segment created, renamed or deleted), as
+    /// [`SegmentLog::fsync`] does a segment's records: a failure is latched likewise, since a
+    /// retried directory fsync can succeed with the entry it failed to write lost.
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        let dir = File::open(&self.dir)?;
+        self.fsync(|| dir.sync_all())
     }
 
     fn refuse_after_failed_sync(&self) -> Result<(), StoreError> {
@@ -408,7 +416,7 @@ impl SegmentLog {
         while segments.back().is_some_and(|s| s.first >= index) {
             if let Some(segment) = segments.pop_back() {
                 fs::remove_file(&segment.path)?;
-                sync_dir(&self.dir)?;
+                self.sync_dir()?;
             }
         }
         if let Some(segment) = segments.back_mut().filter(|s| s.end() > index) {
@@ -454,12 +462,12 @@ impl SegmentLog {
                         self.fsync(|| segment.seal())?;
                         let recycled = file_path(&self.dir, segment.first, SPARE_SUFFIX);
                         fs::rename(&segment.path, &recycled)?;
-                        sync_dir(&self.dir)?;
+                        self.sync_dir()?;
                         spares.recycle(recycled);
                     }
                     None => {
                         fs::remove_file(&segment.path)?;
-                        sync_dir(&self.dir)?;
+                        self.sync_dir()?;
                     }
                 }
             }
