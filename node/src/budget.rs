@@ -151,11 +151,31 @@ impl<P> AsRef<[u8]> for Held<P> {
     }
 }
 
-/// A budget of `max` bytes for each client address: what one client may hold of a budget
-/// all share, so that one client cannot take all of it.
+/// A budget of `max` bytes for each client: what one client may hold of a budget all share,
+/// so that one client cannot take all of it. A client is an IPv4 address, or an IPv6 /64
+/// ([`client_of`]).
 pub struct PerClientBudgets {
     max: usize,
     budgets: Mutex<HashMap<IpAddr, ByteBudget>>,
+}
+
+/// The leading bits of an IPv6 address that name one client: a host is usually given a whole
+/// /64 (SLAAC, privacy addresses), so a budget per address would give one host billions.
+const IPV6_CLIENT_PREFIX_BITS: u32 = 64;
+
+/// The client an address belongs to: an IPv4 address (also when written as an IPv4-mapped
+/// IPv6 one, as a dual-stack listener sees it) is its own; an IPv6 address counts as its /64.
+fn client_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mask = u128::MAX << (128 - IPV6_CLIENT_PREFIX_BITS);
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+        },
+    }
 }
 
 /// Clients tracked before those whose budget nothing refers to are forgotten.
@@ -166,8 +186,9 @@ impl PerClientBudgets {
         Self { max, budgets: Mutex::new(HashMap::new()) }
     }
 
-    /// The budget of the client at `ip`.
+    /// The budget of the client at `ip` ([`client_of`]).
     pub fn of(&self, ip: IpAddr) -> ByteBudget {
+        let ip = client_of(ip);
         let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(budget) = budgets.get(&ip) {
             return budget.clone();
@@ -184,6 +205,19 @@ impl PerClientBudgets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_client_is_its_slash_64_and_a_mapped_ipv4_its_address() {
+        let clients = PerClientBudgets::new(10);
+        let budget = |ip: &str| clients.of(ip.parse().unwrap());
+        let held = budget("2001:db8:1:2::1").try_take(6).expect("room");
+        assert_eq!(budget("2001:db8:1:2:ffff:ffff:ffff:ffff").held(), 6, "same /64, same client");
+        assert_eq!(budget("2001:db8:1:3::1").held(), 0, "another /64, another client");
+        let v4 = budget("192.0.2.7").try_take(3).expect("room");
+        assert_eq!(budget("::ffff:192.0.2.7").held(), 3, "an IPv4-mapped address is the IPv4 client");
+        assert_eq!(budget("192.0.2.8").held(), 0);
+        drop((held, v4));
+    }
 
     #[tokio::test]
     async fn takes_wait_for_room_and_oversized_ones_take_everything() {
