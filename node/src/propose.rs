@@ -227,7 +227,8 @@ fn failure(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> ProposeFailu
 }
 
 /// Resolves once this node no longer leads in the term `metrics` shows now (or Raft stopped):
-/// the one case where openraft may never answer an entry this node proposed (see [`outcome`]).
+/// the one case where openraft could leave an entry this node proposed unanswered (see
+/// [`outcome`]).
 pub fn deposed(mut metrics: watch::Receiver<RaftMetrics<NodeId, Node>>) -> impl Future<Output = ()> {
     let (term, leading) = {
         let m = metrics.borrow_and_update();
@@ -241,11 +242,12 @@ pub fn deposed(mut metrics: watch::Receiver<RaftMetrics<NodeId, Node>>) -> impl 
 /// What Raft answers about an entry, given `permit` back once that answer may never come.
 ///
 /// openraft answers a proposal when its entry is applied, or when the entry is cut from the
-/// log, but not when a snapshot from the next leader covers it (the node, deposed while the
-/// entry was in flight, installs the snapshot and purges the entry): then the answer never
-/// comes, and the one permit held for it would stop this node proposing for good, should it
-/// lead again. So once the node stops leading, the permit is released and the answer waited
-/// for [`PROPOSAL_DEPOSED_ANSWER_WAIT`] more; past that the writes are `not_committed`, which
+/// log, and, as patched, when a snapshot from the next leader covers it (the node, deposed
+/// while the entry was in flight, installs the snapshot and purges the entry unapplied:
+/// unpatched, that answer never came). Were any path to leave an answer out, the one permit
+/// held for it would stop this node proposing for good, should it lead again. So, as a
+/// backstop, once the node stops leading the permit is released and the answer waited for
+/// [`PROPOSAL_DEPOSED_ANSWER_WAIT`] more; past that the writes are `not_committed`, which
 /// clients retry under the same ids.
 async fn outcome<T>(
     metrics: watch::Receiver<RaftMetrics<NodeId, Node>>,

@@ -243,8 +243,8 @@ fn answer(app: &App, membership: &Membership<NodeId, Node>, log_id: Option<LogId
 /// it meanwhile), or refuses it. It runs in a task of its own, which holds
 /// [`App::membership_changes`] and ends within [`MEMBERSHIP_CHANGE_TIMEOUT`] whether or not the
 /// request still waits: a client gone does not cut the change short between its joint and its
-/// final configuration, and a proposal openraft never answers (one whose entry a snapshot
-/// covered on a deposed leader) does not hold the node's changes for ever. A change cut short
+/// final configuration, and a proposal openraft leaves unanswered (should one be: see
+/// `propose::outcome`) does not hold the node's changes for ever. A change cut short
 /// by that timeout is finished by the leader (raft/joint.rs).
 async fn change(
     app: &App,

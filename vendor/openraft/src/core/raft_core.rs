@@ -826,6 +826,33 @@ where
         }
     }
 
+    /// PATCHED (pubsub-raft, see vendor/openraft/PATCHED.md): answers the clients of entries up
+    /// to `covered` (an installed snapshot's last index) that were never applied here: proposed
+    /// while this node led, then covered by the next leader's snapshot, their entries were
+    /// purged from the log unapplied, and without this their clients waited for ever. Whether
+    /// such an entry committed is not known here (the snapshot may hold it or another entry at
+    /// its index), so they are told to ask the leader, as clients of truncated entries are.
+    fn answer_entries_covered_by_snapshot(&mut self, covered: u64) {
+        let uncovered = self.client_resp_channels.split_off(&(covered + 1));
+        let stranded = std::mem::replace(&mut self.client_resp_channels, uncovered);
+        if stranded.is_empty() {
+            return;
+        }
+        let leader_id = self.current_leader();
+        let leader_node = self.get_leader_node(leader_id.clone());
+        tracing::info!(
+            entries = stranded.len(),
+            covered,
+            "answering the clients of entries an installed snapshot covers (proposed while this node led)"
+        );
+        for (_, tx) in stranded {
+            tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
+                leader_id: leader_id.clone(),
+                leader_node: leader_node.clone(),
+            })));
+        }
+    }
+
     /// Send result of applying a log entry to its client.
     #[tracing::instrument(level = "debug", skip_all)]
     pub(super) fn send_response(entry: ApplyingEntry<C::NodeId, C::Node>, resp: C::R, tx: Option<ResponderOf<C>>) {
@@ -1544,6 +1571,12 @@ where
                         );
 
                         if let Some(meta) = meta {
+                            // PATCHED (pubsub-raft, see vendor/openraft/PATCHED.md): entries the
+                            // installed snapshot covers are never applied here one by one, so a
+                            // client waiting on one (proposed while this node led) is answered now.
+                            if let Some(last) = &meta.last_log_id {
+                                self.answer_entries_covered_by_snapshot(last.index);
+                            }
                             let st = self.engine.state.io_state_mut();
                             st.update_applied(meta.last_log_id.clone());
                             st.update_snapshot(meta.last_log_id);
