@@ -33,6 +33,8 @@ pub struct App {
     /// The Raft log's segment files, for their size in `/metrics`.
     pub log_files: raft_store::LogFiles,
     pub env: Env,
+    /// The node's clock as the voters agree on it: see [`App::now_ms`].
+    pub clock: crate::cluster_clock::ClusterClock,
     pub peers: Arc<PeerPool>,
     pub metrics: Metrics,
     pub acks: AckCoalescer,
@@ -115,8 +117,10 @@ impl App {
         self.config.id
     }
 
+    /// The time this node stamps on what it proposes: its clock, corrected by the voters'
+    /// agreement (`cluster_clock.rs`).
     pub fn now_ms(&self) -> u64 {
-        self.env.clock.now_ms()
+        self.clock.now_ms()
     }
 
     pub fn leadership(&self) -> Leadership {

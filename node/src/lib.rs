@@ -25,6 +25,7 @@ pub const COMMIT: &str = env!("PUBSUB_COMMIT");
 pub mod api;
 pub mod app;
 pub mod budget;
+pub mod cluster_clock;
 pub mod config;
 pub mod disk_room;
 pub mod error;
@@ -132,6 +133,7 @@ where
         reader: store.reader,
         committed_index,
         log_files,
+        clock: cluster_clock::ClusterClock::new(env.clock.clone()),
         env,
         peers,
         metrics,
@@ -159,6 +161,7 @@ where
     });
     tokio::spawn(subscribe::acks::run_flusher(Arc::downgrade(&app)));
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
+    tokio::spawn(cluster_clock::run(Arc::downgrade(&app)));
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
     tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));

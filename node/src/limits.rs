@@ -344,6 +344,19 @@ pub use raft_store::limits::ACKS_PER_COMMAND_MAX;
 /// How often the leader proposes a `Tick` so `retention_hours` trims quiet topics.
 pub const RETENTION_TICK_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How often each node asks the other voters for their clocks (`cluster_clock.rs`).
+pub const CLOCK_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
+/// A clock reading whose round trip took longer is not used: its error is up to half of it.
+pub const CLOCK_SAMPLE_RTT_MAX: Duration = Duration::from_millis(500);
+/// An agreement on the cluster's time older than this (sampling stalled) is not used: the node
+/// falls back to its own clock.
+pub const CLOCK_AGREEMENT_MAX_AGE: Duration = Duration::from_secs(10);
+/// A node whose clock is within this of the voters' median keeps its own reading: the
+/// measurement's own noise is below it, and retention is counted in hours.
+pub const CLOCK_OFFSET_TOLERATED_MS: u64 = 250;
+/// A node whose clock is off the voters' says so in its log at most this often.
+pub const CLOCK_OFFSET_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Subscribers listed by `GET /topics/:name/subscribers`: every recorded cursor of a topic.
 pub const SUBSCRIBERS_LIST_MAX: usize = raft_store::limits::CURSORS_PER_TOPIC_MAX as usize;
 /// The most one subscriber takes in that body: its id (any characters, as many as 6 bytes
@@ -452,6 +465,9 @@ const _: () = {
     assert!(HEARTBEAT_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MS_DEFAULT);
     // Consecutive ticks start their trimming one topic apart (raft-store's tick).
     assert!(RETENTION_TICK_INTERVAL.as_millis() == raft_store::limits::TICK_ROTATION_MS as u128);
+    // An agreement outlives a few failed samplings, and a sample fits in one interval.
+    assert!(CLOCK_SAMPLE_INTERVAL.as_millis() * 3 <= CLOCK_AGREEMENT_MAX_AGE.as_millis());
+    assert!(CLOCK_SAMPLE_RTT_MAX.as_millis() < CLOCK_SAMPLE_INTERVAL.as_millis());
     assert!(SUBSCRIBE_PING_INTERVAL.as_millis() * 2 < SUBSCRIBE_IDLE_TIMEOUT.as_millis());
     assert!(PUBLISH_WS_PING_INTERVAL.as_millis() * 2 < PUBLISH_WS_IDLE_TIMEOUT.as_millis());
     assert!(WRITE_STALL_TIMEOUT.as_millis() > SUBSCRIBE_IDLE_TIMEOUT.as_millis());

@@ -76,6 +76,7 @@ pub struct Metrics {
     commit_index: Gauge<u64, AtomicU64>,
     last_applied: Gauge<u64, AtomicU64>,
     is_leader: Gauge,
+    clock_offset: Gauge,
     topic_sequence: Family<TopicLabel, Gauge<u64, AtomicU64>>,
     log_io: LogIoMetrics,
     last_log_index: Gauge<u64, AtomicU64>,
@@ -149,6 +150,15 @@ impl Default for Metrics {
             "raft_is_leader",
             "1 when this node leads and a quorum acknowledged it within two election timeouts (a leader cut off from its followers reports 0)",
             is_leader.clone(),
+        );
+        let clock_offset = Gauge::default();
+        registry.register(
+            "clock_offset_milliseconds",
+            format!(
+                "What this node adds to its own clock to stamp the voters' median time: 0 while it is within {} ms of it or no majority of voters answered (a value other than 0 is a clock to fix)",
+                crate::limits::CLOCK_OFFSET_TOLERATED_MS
+            ),
+            clock_offset.clone(),
         );
         registry.register(
             "build",
@@ -247,6 +257,7 @@ impl Default for Metrics {
             commit_index,
             last_applied,
             is_leader,
+            clock_offset,
             topic_sequence,
             log_io,
             last_log_index,
@@ -301,6 +312,7 @@ impl Metrics {
             self.raft_term.set(m.current_term);
             self.last_applied.set(m.last_applied.map(|l| l.index).unwrap_or(0));
             self.is_leader.set(i64::from(app.leadership_in(&m) == crate::app::Leadership::Me));
+            self.clock_offset.set(app.clock.offset_ms());
             let last = m.last_log_index.unwrap_or(0);
             self.last_log_index.set(last);
             // Entries after the last purged one; with none purged, from index 0.

@@ -52,6 +52,11 @@ pub enum RpcRequest {
         vote: Vote,
         elect: bool,
     },
+    /// The target's own clock, for the voters' agreement on the time (`cluster_clock.rs`).
+    /// Added last.
+    Clock {
+        target: NodeId,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -73,6 +78,10 @@ pub enum RpcResponse {
     SteppedDown,
     /// The target's Raft has stopped: it did not take the `StepDown`. Added last.
     StepDownRefused,
+    /// The answer to `Clock`: the target's own clock, ms since the Unix epoch. Added last.
+    Clock {
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

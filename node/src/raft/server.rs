@@ -170,6 +170,7 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
         | RpcRequest::AppendEntries { target, .. }
         | RpcRequest::InstallSnapshot { target, .. }
         | RpcRequest::StepDown { target, .. }
+        | RpcRequest::Clock { target }
             if target != me =>
         {
             RpcResponse::WrongNode { actual: me }
@@ -192,6 +193,8 @@ async fn dispatch(app: &SharedApp, request: RpcRequest) -> RpcResponse {
             RpcResponse::InstallSnapshot(answer)
         }
         RpcRequest::Forward { req } => RpcResponse::Forward(forward(app, req).await),
+        // Uncorrected: a node's agreement must not feed the others' (nor its own, echoed).
+        RpcRequest::Clock { .. } => RpcResponse::Clock { now_ms: app.clock.local_ms() },
         RpcRequest::StepDown { vote, elect, .. } => {
             // A Raft that has stopped has nothing to hand over to: saying so keeps the leader
             // from counting this voter as one that stopped waiting out its lease.
