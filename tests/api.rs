@@ -728,8 +728,8 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
 /// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names, and 0 on a
 /// leader cut off from both followers once it has gone two election timeouts without their
 /// acknowledgement (openraft's own view kept it the leader forever); every node says which
-/// build it runs, in `/cluster` and as `pubsub_build_info`, and how much room its data dir
-/// has left.
+/// build it runs, in `/cluster` and as `pubsub_build_info`, how much room its data dir has
+/// left, and that its clock agrees with the voters'.
 #[tokio::test]
 async fn the_leader_alone_reports_itself_and_every_node_its_build() {
     let mut c = Cluster::start(Options::default()).await;
@@ -740,6 +740,9 @@ async fn the_leader_alone_reports_itself_and_every_node_its_build() {
         assert_eq!(is_leader, u64::from(i == leader), "node {i}");
         let room = http::metric(&url, "pubsub_data_dir_available_bytes").await.expect("metric listed");
         assert!(room > 0, "node {i}");
+        // One machine's clock: no node is off the voters' median.
+        let offset = http::metric(&url, "pubsub_clock_offset_milliseconds").await.expect("metric listed");
+        assert_eq!(offset, 0, "node {i}");
         let (_, info) = http::get_json(&format!("{url}/cluster")).await.unwrap();
         let version = info["version"].as_str().expect("version in /cluster").to_string();
         let commit = info["commit"].as_str().expect("commit in /cluster").to_string();
