@@ -51,9 +51,14 @@ impl ClusterClock {
     /// Milliseconds since the Unix epoch, as the voters agree.
     pub fn now_ms(&self) -> u64 {
         match self.recent() {
-            Some((a, elapsed)) => (a.local_ms as i64 + a.offset_ms).max(0) as u64 + elapsed.as_millis() as u64,
+            Some((a, age)) => Self::agreed_ms(a, age),
             None => self.local.now_ms(),
         }
+    }
+
+    /// The time `a` gives once it is `age` old.
+    fn agreed_ms(a: Agreement, age: std::time::Duration) -> u64 {
+        (a.local_ms as i64 + a.offset_ms).max(0) as u64 + age.as_millis() as u64
     }
 
     /// This node's own clock, uncorrected: what it tells the peers that sample it.
@@ -77,7 +82,7 @@ impl ClusterClock {
     /// one): it follows a step of this node's own clock since the agreement.
     fn expected_offset_ms(&self) -> i64 {
         match self.recent() {
-            Some(_) => self.now_ms() as i64 - self.local.now_ms() as i64,
+            Some((a, age)) => Self::agreed_ms(a, age) as i64 - self.local.now_ms() as i64,
             None => 0,
         }
     }

@@ -284,9 +284,9 @@ pub async fn publish(
         // Keep the id in flight for a while, so a quick retry is a duplicate, and the bytes
         // counted until the entry resolves (committed, or cut from the log: Raft answers
         // those), so appended writes cannot outrun the cluster. Letting the bytes go at a
-        // timeout let a slow cluster take another budget's worth every few seconds. Raft never
-        // answers an entry a snapshot from the next leader covered, so the bytes also go once
-        // this node stops leading.
+        // timeout let a slow cluster take another budget's worth every few seconds. Should Raft
+        // leave an entry unanswered (unpatched openraft did, for one a snapshot from the next
+        // leader covered: `propose::outcome`), the bytes also go once this node stops leading.
         tokio::spawn(async move {
             let resolved = tokio::time::timeout(WRITE_TIMEOUT, &mut receiver).await;
             drop(guard);
