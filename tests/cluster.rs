@@ -11,7 +11,8 @@ use futures_util::StreamExt;
 use pubsub_tests::http::{get, post, post_raw};
 use pubsub_tests::{assert_converged, publish_retrying, wait_applied, wait_until, Cluster, Options};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 const CONVERGE: Duration = Duration::from_secs(30);
 /// How long the cluster may take to elect a new leader after its leader is killed (see
@@ -477,6 +478,56 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
     let (_c, code) = exit.await.unwrap();
     assert_eq!(code, Some(0));
     drop(trickling);
+}
+
+/// A subscriber acking as fast as it can while its node stops: the node reads on after its
+/// close frame until the client's answers, so the connection ends with the handshake, not a
+/// reset. Dropped with those acks unread, the socket was reset by the kernel, and the client's
+/// next read failed with "connection reset" (a reset also throws away whatever was still
+/// queued to send, the close frame among it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_acking_through_a_stop_gets_a_clean_close_handshake() {
+    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    create_topic(&c, "t").await;
+    let (ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{}/topics/t/subscribe?subscriber_id=s", c.nodes[0].addr))
+            .await
+            .unwrap();
+    let (mut acks, mut frames) = ws.split();
+    let _subscribed = frames.next().await;
+    let acking = tokio::spawn(async move {
+        let mut sent = 0u64;
+        loop {
+            match futures_util::SinkExt::send(&mut acks, Message::text(r#"{"type":"ack","sequence":0}"#)).await {
+                Ok(()) => sent += 1,
+                Err(e) => return (sent, e),
+            }
+        }
+    });
+    let exit = tokio::task::spawn_blocking(move || {
+        let code = c.terminate(0);
+        (c, code)
+    });
+    let close = loop {
+        match tokio::time::timeout(CONVERGE, frames.next()).await.expect("close in time") {
+            Some(Ok(Message::Close(frame))) => break frame.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(close, Some(1001));
+    // Reading on sends the client's answer; the server then closes the connection cleanly.
+    let end = tokio::time::timeout(CONVERGE, frames.next()).await.expect("the end in time");
+    assert!(end.is_none(), "expected the connection to end cleanly after the handshake, got {end:?}");
+    // The client stopped sending because it had the close frame, not because the socket failed.
+    let (sent, stopped) = acking.await.unwrap();
+    assert!(sent > 0, "the client acked while the node stopped");
+    assert!(
+        matches!(stopped, WsError::Protocol(ProtocolError::SendAfterClosing) | WsError::AlreadyClosed),
+        "the acks stopped with {stopped:?}"
+    );
+    let (_c, code) = exit.await.unwrap();
+    assert_eq!(code, Some(0));
 }
 
 /// A follower that missed tens of MiB of log catches up from the log: AppendEntries are split

@@ -162,25 +162,32 @@ impl Publisher {
     /// connection (the server's limits); past that, a call waits for answers to free room
     /// before it sends.
     ///
+    /// A call takes at most the client's request timeout (at least
+    /// [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`], longer than the server's write timeout),
+    /// its wait for a slot included.
+    ///
     /// Errors, mapped as the HTTP publish maps the same answers:
-    /// - [`Error::Api`] for a refusal (`duplicate_message_id`, `topic_not_found`,
-    ///   `payload_too_large`, `raft_timeout`, `not_committed`, `not_leader`, ...), with the
-    ///   status the HTTP API gives that code; a `not_leader` answer updates the client's
-    ///   leader cache, so the next [`Client::publisher`] goes to the new leader, and closes
-    ///   this publisher to new publishes (those still in flight on it get their own answers,
-    ///   then the connection closes);
-    /// - [`Error::NoLeader`] for `no_leader`, which closes this publisher too;
+    /// - [`Error::Api`] for a refusal that leaves nothing stored: `topic_not_found`,
+    ///   `invalid_request`, `payload_too_large`, `insufficient_storage`, `unauthorized`, and a
+    ///   `duplicate_message_id` naming the stored message's `existing_sequence`, with the status
+    ///   the HTTP API gives that code;
     /// - [`Error::Unreachable`] when the connection was gone before the message was sent, and
-    ///   [`Error::Timeout`] when no slot freed within the client's request timeout: nothing
-    ///   was sent, and this publisher is done;
-    /// - [`Error::Indeterminate`], naming the message id, when the connection went while the
-    ///   publish waited for its answer, or no answer came within the client's request timeout
-    ///   (at least [`limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN`], longer than the server's write
-    ///   timeout; the connection is then presumed dead and closed): the message may or may not
-    ///   have been committed; publish it again with the same id on a new publisher. Refusals
-    ///   after which the message may still commit (`not_leader`, `no_leader`, `raft_timeout`,
-    ///   `not_committed`, and a `duplicate_message_id` whose `existing_sequence` is null: the
-    ///   first publish of that id is still in flight and may yet fail) come wrapped in it too;
+    ///   [`Error::Timeout`] when no slot freed within the timeout: nothing was sent. The
+    ///   publisher is then done if the node sent nothing (no answer, no ping) for the whole
+    ///   timeout, else it goes on;
+    /// - [`Error::Indeterminate`], naming the message id, when the message may or may not
+    ///   have been committed: publish it again with the same id (on a new publisher once this
+    ///   one [`is_closed`](Self::is_closed)). That is when the connection went while the
+    ///   publish waited for its answer; when no answer came within the timeout (the connection
+    ///   is then closed if the node sent nothing for the whole timeout, a node cut off or
+    ///   stuck); and every other refusal, wrapped: `not_leader`, `no_leader` (its source
+    ///   [`Error::NoLeader`]), `raft_timeout`, `not_committed`, `unavailable`, `internal`,
+    ///   codes this client does not know, and a `duplicate_message_id` whose
+    ///   `existing_sequence` is null (the first publish of that id is still in flight and may
+    ///   yet fail). A `not_leader` or `no_leader` answer also updates the client's leader
+    ///   cache, so the next [`Client::publisher`] goes to the new leader, and closes this
+    ///   publisher to new publishes (those still in flight on it get their own answers, then
+    ///   the connection closes);
     /// - [`Error::InvalidArgument`] for an id or a frame the server would refuse (checked
     ///   locally; a frame over [`limits::PUBLISH_WS_FRAME_BYTES_MAX`] would make the server
     ///   drop the connection).
@@ -198,22 +205,24 @@ impl Publisher {
         }
         let started = Instant::now();
         let timeout = shared.client.config().request_timeout.max(limits::PUBLISH_WS_ANSWER_TIMEOUT_MIN);
+        // One deadline for the wait for a slot and the wait for the answer.
+        let deadline = tokio::time::Instant::from_std(started) + timeout;
         // The pending map closes the semaphore when the connection goes, waking this. Bounded
         // too: when callers give up on their publishes (dropping them), nothing else would
         // notice a connection that stopped answering, and every slot would stay taken.
-        let slot = match tokio::time::timeout(
-            timeout,
-            shared.slots.clone().acquire_many_owned(slot_weight(frame.len())),
-        )
-        .await
-        {
-            Ok(Ok(slot)) => slot,
-            Ok(Err(_)) => return Err(self.lost(&id)),
-            Err(_) => {
-                shared.pending.close(&format!("no publish slot freed within {timeout:?}"));
-                return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
-            }
-        };
+        let slot =
+            match tokio::time::timeout_at(deadline, shared.slots.clone().acquire_many_owned(slot_weight(frame.len())))
+                .await
+            {
+                Ok(Ok(slot)) => slot,
+                Ok(Err(_)) => return Err(self.lost(&id)),
+                Err(_) => {
+                    // Slots free as answers come: with many publishes queued for them, the last
+                    // may wait long on a healthy connection. Only a silent node is presumed gone.
+                    self.close_if_silent(timeout, "no publish slot freed");
+                    return Err(Error::Timeout { attempts: 1, elapsed: started.elapsed() });
+                }
+            };
         let (reply, answer) = oneshot::channel();
         if shared.pending.insert(reference, Waiter { reply, _slot: slot }).is_err() {
             return Err(self.lost(&id));
@@ -227,13 +236,15 @@ impl Publisher {
         // From here the frame may have reached the server: without an answer, the message
         // may be stored.
         let unknown = |source| Error::indeterminate(Some(id.clone()), source);
-        let answer = match tokio::time::timeout(timeout, answer).await {
+        let answer = match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(Ok(answer))) => answer,
             Ok(Ok(Err(_))) | Ok(Err(_)) => return Err(unknown(self.lost(&id))),
             Err(_) => {
-                // The server answers within its write timeout, which this outlasts: the
-                // connection is half-open or the node stuck. Fail everything waiting on it.
-                shared.pending.close(&format!("no answer to a publish within {timeout:?}"));
+                // A node that sent nothing for this long (no answer, no ping) is cut off or
+                // stuck: fail everything waiting on it. One that still speaks may only be
+                // slow to take this frame (its budgets full): this publish alone gives up, and
+                // its answer, when it comes, frees its slot.
+                self.close_if_silent(timeout, "no answer to a publish");
                 return Err(unknown(Error::Timeout { attempts: 1, elapsed: started.elapsed() }));
             }
         };
@@ -253,6 +264,18 @@ impl Publisher {
             }
             // An answer the server sent, whatever it said: the message may be stored.
             Answer::Malformed(reason) => Err(unknown(Error::Protocol { url: self.url(), reason })),
+        }
+    }
+
+    /// Closes the connection when the node sent nothing (answers, pings) for `timeout`: it is
+    /// cut off or stuck, and every publish waiting on it fails now rather than at its own
+    /// deadline.
+    fn close_if_silent(&self, timeout: Duration, what: &str) {
+        let silent = self.shared.pending.silent_for();
+        if silent >= timeout {
+            self.shared
+                .pending
+                .close(&format!("{what} within {timeout:?}, and nothing heard from the node for {silent:?}"));
         }
     }
 
@@ -289,8 +312,8 @@ impl Publisher {
         Error::Unreachable {
             attempts: 1,
             source: format!(
-                "publish connection {} lost ({reason}); message {id:?}, if it was sent, may or may not have \
-                 committed: publish it again with this id",
+                "publish connection {} lost ({reason}), message {id:?} unanswered: publish it again \
+                 with this id",
                 self.url()
             )
             .into(),

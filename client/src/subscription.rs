@@ -493,7 +493,14 @@ async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refu
                     };
                     return Err(Refusal::Transport { error: reason.into(), timeout: false });
                 }
-                Some(Ok(WsMessage::Close(_))) | None => {
+                Some(Ok(WsMessage::Close(_))) => {
+                    answer_close(socket).await;
+                    return Err(Refusal::Transport {
+                        error: "connection closed before the first frame".into(),
+                        timeout: false,
+                    });
+                }
+                None => {
                     return Err(Refusal::Transport {
                         error: "connection closed before the first frame".into(),
                         timeout: false,
@@ -508,6 +515,13 @@ async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refu
         Ok(result) => result,
         Err(elapsed) => Err(Refusal::Transport { error: Box::new(elapsed), timeout: true }),
     }
+}
+
+/// Sends the answer tungstenite queued to the node's close frame. It goes out only with the
+/// socket's next write or flush: dropped unsent, the node waits for it (up to 2 s) before it
+/// lets the connection go, and a stopping node waits as long before it exits.
+async fn answer_close(socket: &mut Socket) {
+    let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, socket.flush()).await;
 }
 
 /// How one connection ended.
@@ -689,7 +703,11 @@ impl Worker {
                 }
                 frame = socket.next() => {
                     let next = match frame {
-                        None | Some(Err(_)) | Some(Ok(WsMessage::Close(_))) => Next::Dropped,
+                        None | Some(Err(_)) => Next::Dropped,
+                        Some(Ok(WsMessage::Close(_))) => {
+                            answer_close(&mut socket).await;
+                            Next::Dropped
+                        }
                         Some(Ok(WsMessage::Text(text))) => self.on_text(&text).await,
                         // Pongs, pings (answered by tungstenite) and binary frames only prove
                         // the connection is alive.

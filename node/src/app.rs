@@ -59,6 +59,8 @@ pub struct App {
     /// Told when the last open subscription ends (a stopping node waits for it before its
     /// last flush of acks).
     pub subscriptions_ended: tokio::sync::Notify,
+    /// WebSockets in their close handshake (ws_close.rs): a stopping node waits for them.
+    pub closing: tokio_util::task::TaskTracker,
     /// Subscribers connected to this node: (topic, subscriber id) → connections.
     pub connected: Mutex<std::collections::HashMap<(String, String), usize>>,
     /// Payload bytes of `ack=appended` publishes answered and not yet applied: a 202 does not

@@ -8,6 +8,7 @@
 //! - [`propose`]: the leader's proposer, batching concurrent writes into one Raft entry.
 //! - [`api`]: the HTTP client API (axum routes), one module per resource.
 //! - [`subscribe`]: WebSocket subscriptions and coalesced acks.
+//! - [`ws_close`]: the close handshake that ends a client's WebSocket.
 //! - [`serve`]: the HTTP server loop (accepting, header deadline, graceful stop).
 //! - [`raft`]: Raft RPC over one multiplexed WebSocket per peer (client and server side).
 //! - [`error`]: [`ApiError`](error::ApiError), the single mapping to HTTP statuses and bodies.
@@ -37,6 +38,7 @@ pub mod propose;
 pub mod raft;
 pub mod serve;
 pub mod subscribe;
+pub mod ws_close;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -146,6 +148,7 @@ where
         subscriptions: AtomicUsize::new(0),
         publishing_connections: Arc::new(tokio::sync::Semaphore::new(limits::PUBLISH_WS_CONNECTIONS_MAX)),
         subscriptions_ended: tokio::sync::Notify::new(),
+        closing: tokio_util::task::TaskTracker::new(),
         connected: Mutex::new(HashMap::new()),
         appended_bytes: budget::ByteBudget::new(limits::APPENDED_BYTES_MAX),
         request_bodies: budget::ByteBudget::new(limits::REQUEST_BODIES_BYTES_MAX),
@@ -237,6 +240,12 @@ where
     }
     if let Some(handover) = handover {
         handover.run(&app.peers).await;
+    }
+    // Closed sockets answer their clients' close frames (begun as the subscriptions closed);
+    // exiting first would reset the connections, losing the close frames still queued.
+    app.closing.close();
+    if tokio::time::timeout(limits::CLOSE_HANDSHAKE_TIMEOUT, app.closing.wait()).await.is_err() {
+        tracing::debug!(closing = app.closing.len(), "close handshakes still unanswered at shutdown");
     }
     let subscriptions = app.subscriptions.load(Ordering::Relaxed);
     drop((app, raft));

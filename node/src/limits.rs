@@ -161,11 +161,15 @@ pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 
 /// How long a stopping node lets requests in progress finish before it closes their
 /// connections: a publish is answered within [`WRITE_TIMEOUT`], and the whole stop (this, the
-/// subscriptions, the last acks, the hand-over, the store's close) fits the 30 s grace period
-/// `deploy/docker-compose.yml` gives (about 21 s at worst) unless the store is stuck.
+/// subscriptions, the last acks, the hand-over, the close handshakes, the store's close) fits
+/// the 30 s grace period `deploy/docker-compose.yml` gives (about 23 s at worst) unless the
+/// store is stuck.
 pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server waits, after its close frame, for the client's (ws_close.rs): a live
+/// client answers within a round trip. A stopping node waits as long for all of them at once.
+pub const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Default and maximum `limit` of `GET /topics/:name/messages`.
 pub const READ_LIMIT_DEFAULT: usize = 100;

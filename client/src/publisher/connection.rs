@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -51,11 +52,26 @@ struct State {
     /// Set once no new publish is taken, the connection staying open for the answers still
     /// due ([`Pending::drain`]).
     draining: Option<Lost>,
+    /// When the node was last heard from (any frame: answers, its pings), or the map made.
+    heard: Option<Instant>,
 }
 
 impl Pending {
     pub(super) fn new(slots: Arc<Semaphore>) -> Pending {
-        Pending { state: Mutex::new(State::default()), slots, gone: watch::Sender::new(false) }
+        let state = State { heard: Some(Instant::now()), ..State::default() };
+        Pending { state: Mutex::new(state), slots, gone: watch::Sender::new(false) }
+    }
+
+    /// Notes a frame from the node: the connection is alive.
+    fn heard(&self) {
+        self.lock().heard = Some(Instant::now());
+    }
+
+    /// How long the node has sent nothing. A publish that timed out presumes the connection
+    /// dead only past its timeout of this: a node busy with others' publishes, or holding
+    /// frames while its budgets are full, still answers or pings.
+    pub(super) fn silent_for(&self) -> Duration {
+        self.lock().heard.map_or(Duration::MAX, |heard| heard.elapsed())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -197,6 +213,9 @@ async fn read(mut stream: SplitStream<Socket>, pending: Arc<Pending>, writer: Ab
             () = pending.closed() => return,
             next = stream.next() => next,
         };
+        if let Some(Ok(_)) = next {
+            pending.heard();
+        }
         match next {
             Some(Ok(WsMessage::Text(text))) => on_text(&pending, &text),
             Some(Ok(WsMessage::Close(frame))) => {
@@ -214,6 +233,9 @@ async fn read(mut stream: SplitStream<Socket>, pending: Arc<Pending>, writer: Ab
     tracing::debug!(%reason, "publish connection closed");
     pending.close(&reason);
     writer.abort();
+    // After the node's close frame, a read sends the answer tungstenite queued (without it the
+    // node waits for the answer, up to 2 s, before it lets the connection go) and sees the end.
+    let _ = tokio::time::timeout(PUBLISH_WS_CLOSE_TIMEOUT, stream.next()).await;
 }
 
 fn on_text(pending: &Pending, text: &str) {

@@ -316,6 +316,47 @@ async fn an_unanswered_publish_times_out_and_closes_the_connection() {
     drop(publisher);
 }
 
+/// A node that answers the others' publishes but not this one (it may hold a frame while its
+/// budgets are full) is slow, not gone: the publish alone ends `Indeterminate`, and the
+/// connection goes on. Takes `PUBLISH_WS_ANSWER_TIMEOUT_MIN` (10 s).
+#[tokio::test]
+async fn a_publish_unanswered_by_a_node_that_answers_others_times_out_alone() {
+    let node = leader(|mut socket| async move {
+        let mut sequence = 0;
+        while let Some(frame) = next_json(&mut socket).await {
+            if frame["id"] != "held" {
+                sequence += 1;
+                send(&mut socket, publish_ack(&frame, sequence)).await;
+            }
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let publisher = open(&client).await;
+    let others = {
+        let publisher = publisher.clone();
+        tokio::spawn(async move {
+            for n in 0.. {
+                if publisher.publish(message(&format!("m{n}"))).await.is_err() {
+                    return n;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            unreachable!()
+        })
+    };
+    let held = publisher.publish(message("held")).await;
+    assert!(
+        matches!(&held, Err(Error::Indeterminate { id: Some(id), source, .. }) if id == "held" && matches!(**source, Error::Timeout { .. })),
+        "{held:?}"
+    );
+    assert!(!publisher.is_closed(), "the connection of a node that still answers stays open");
+    let next = publisher.publish(message("after")).await;
+    assert!(matches!(next, Ok(PublishAck { sequence: Some(_), .. })), "{next:?}");
+    assert!(!others.is_finished(), "the other publishes went on being acked");
+    others.abort();
+}
+
 #[tokio::test]
 async fn publishes_in_flight_are_bounded_by_the_servers_limit() {
     let (node, received) = counting_leader(usize::MAX).await;

@@ -637,6 +637,49 @@ async fn a_topic_deleted_while_the_connection_was_down_ends_with_topic_deleted()
 /// The same with three nodes: every one of them is asked before the topic counts as deleted.
 /// Before, a reconnect that refreshed the node list took a round-robin step of its own, so
 /// with three nodes one of them was never asked and the subscription ended unreachable.
+/// A node that closes the connection (as a stopping one does, with 1001) hears the client's
+/// close frame at once: unanswered, it would wait for it until its handshake timeout.
+#[tokio::test]
+async fn the_nodes_close_frame_is_answered_before_the_reconnect() {
+    // What the node heard after its close frame: Some(true) for the client's close frame.
+    let (heard, mut answered) = tokio::sync::watch::channel(None::<bool>);
+    let heard = Arc::new(heard);
+    let node = ws_node(Shared::default(), move |n, mut socket, _| {
+        let heard = heard.clone();
+        async move {
+            if n == 0 {
+                send(&mut socket, sub_frame(0)).await;
+                send(&mut socket, msg(1)).await;
+                let close = AxMessage::Close(Some(axum::extract::ws::CloseFrame {
+                    code: 1001,
+                    reason: "server shutting down".into(),
+                }));
+                let _ = socket.send(close).await;
+                let reply = tokio::time::timeout(Duration::from_secs(1), async {
+                    while let Some(Ok(frame)) = socket.recv().await {
+                        if let AxMessage::Close(_) = frame {
+                            return true;
+                        }
+                    }
+                    false
+                });
+                heard.send_replace(Some(matches!(reply.await, Ok(true))));
+            } else {
+                send(&mut socket, sub_frame(1)).await;
+                send(&mut socket, deleted()).await;
+                let _ = socket.send(AxMessage::Close(None)).await;
+            }
+        }
+    })
+    .await;
+    let client = fast_client(&[&node]);
+    let sub = subscribe_from_start(&client).await;
+    assert_eq!(sequences(&collect(sub, false).await), vec!["1", "deleted"]);
+    let waited = tokio::time::timeout(Duration::from_secs(5), answered.wait_for(Option::is_some)).await;
+    let heard = waited.ok().and_then(|r| r.ok().and_then(|v| *v));
+    assert_eq!(heard, Some(true), "what the node heard after its close frame");
+}
+
 #[tokio::test]
 async fn a_reconnect_asks_every_one_of_three_nodes() {
     let first = node_whose_topic_is_deleted_after_one_message().await;

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
@@ -27,7 +27,7 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use raft_store::{NewMessage, PublishResult};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::input;
@@ -43,6 +43,7 @@ use crate::limits::{
     PUBLISH_WS_SEND_TIMEOUT,
 };
 use crate::serve::ClientAddr;
+use crate::ws_close;
 
 #[derive(Deserialize)]
 struct PublishFrame {
@@ -140,7 +141,6 @@ type CloseWith = (u16, &'static str);
 async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic: String) {
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<String>(PUBLISH_WS_INFLIGHT_MAX);
-    let (close_tx, close_rx) = oneshot::channel::<CloseWith>();
     // Cancelled when the writer stops (the client stopped reading, or the socket failed):
     // reading more publishes whose answers cannot be sent would be pointless.
     let writer_stopped = CancellationToken::new();
@@ -152,7 +152,8 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
     let written = written_at.clone();
     let progress = move || written.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     // Answers of one committed batch arrive together: they go out in one write, not one
-    // write (and syscall) per ack.
+    // write (and syscall) per ack. Once every answer is out, or the socket failed, the writer
+    // hands the socket's writing half back for the close handshake.
     let writer = tokio::spawn(async move {
         let _stopped = stopped.drop_guard();
         // Pings make a live client answer (its WebSocket library sends the pong as it reads),
@@ -170,7 +171,7 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
                 _ = ping.tick() => {
                     let pinged = tokio::time::timeout(PUBLISH_WS_SEND_TIMEOUT, sink.send(Message::Ping(Default::default())));
                     if !matches!(pinged.await, Ok(Ok(()))) {
-                        return;
+                        return sink;
                     }
                     // Not progress: a ping fits in the socket's buffer whether or not the
                     // client reads; its pong is what counts.
@@ -182,15 +183,11 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
             // 2 acks per send without it).
             tokio::task::yield_now().await;
             if !send_answers(&mut sink, text, &mut rx).await {
-                return;
+                return sink;
             }
             progress();
         }
-        // Every answer is out: say why the connection ends.
-        if let Ok((code, reason)) = close_rx.await {
-            let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
-            let _ = tokio::time::timeout(PUBLISH_WS_SEND_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
-        }
+        sink
     });
     // Bounds the publishes in flight on this connection, by count and by bytes: past either,
     // reading waits.
@@ -301,11 +298,15 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
             break;
         }
     }
+    // Counted from here: a stopping node waits for the answers still in flight (Raft's, then
+    // the writer's) and the close handshake.
+    let closing = app.closing.token();
     drop(groups);
     drop(tx);
-    let _ = close_tx.send(close_with);
-    // Answers still in flight are delivered before the socket closes.
-    let _ = writer.await;
+    // Answers still in flight are delivered before the socket closes; then it says why.
+    if let Ok(sink) = writer.await {
+        ws_close::close(closing, sink, stream, Some(close_with)).await;
+    }
 }
 
 /// Sends `first` and the answers queued behind it in one write; false when the socket failed

@@ -11,14 +11,15 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::stream::SplitSink;
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{FutureExt, SinkExt, Stream, StreamExt};
 use openraft::metrics::RaftServerMetrics;
 use raft_store::{Node, NodeId};
 use serde::Deserialize;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::frames;
 use crate::app::SharedApp;
@@ -27,6 +28,7 @@ use crate::limits::{
     SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_BYTES_RESERVED, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES,
     SUBSCRIBE_PING_INTERVAL,
 };
+use crate::ws_close;
 
 /// What was agreed before the upgrade.
 pub struct Session {
@@ -106,26 +108,46 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     let client_gone = Arc::new(Notify::new());
     let acks_refused = Arc::new(Notify::new());
     let too_large = Arc::new(AtomicBool::new(false));
+    let stop_listening = CancellationToken::new();
     let listener = tokio::spawn(listen(
         app.clone(),
         stream,
-        session.topic.clone(),
-        session.subscriber_id.clone(),
-        out.heard.clone(),
-        session.feed.clone(),
+        Listening {
+            topic: session.topic.clone(),
+            subscriber_id: session.subscriber_id.clone(),
+            heard: out.heard.clone(),
+            feed: session.feed.clone(),
+            stop: stop_listening.clone(),
+        },
         Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone(), too_large: too_large.clone() },
     ));
 
     let end = serve(&app, &mut out, &session, &Signals { client_gone, acks_refused, too_large }).await;
-    listener.abort();
+    let closing = app.closing.token();
+    stop_listening.cancel();
     // No ack is recorded past this point: a stopping node, which waits for every session to
     // get here, can then record the last of them (lib.rs).
-    let _ = listener.await;
+    let stream = listener.await;
     drop(registration);
-    if let End::Close(code, reason) = end {
-        let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
-        let _ = tokio::time::timeout(SUBSCRIBE_PING_INTERVAL, out.sink.send(Message::Close(Some(frame)))).await;
+    if let Ok(stream) = stream {
+        let frame = match end {
+            End::Close(code, reason) => Some((code, reason)),
+            End::Gone => None,
+        };
+        ws_close::close(closing, out.sink, stream, frame).await;
     }
+}
+
+/// What the listener needs besides the socket.
+struct Listening {
+    topic: String,
+    subscriber_id: String,
+    /// The client's last sign of life, shared with the [`Outbox`].
+    heard: Arc<std::sync::Mutex<Instant>>,
+    feed: watch::Receiver<raft_store::TopicSignal>,
+    /// Cancelled when the session ends: the listener hands the socket's reading half back,
+    /// for the close handshake, and records no more acks.
+    stop: CancellationToken,
 }
 
 /// What the listener tells the session's loop.
@@ -150,17 +172,26 @@ impl Signals {
     }
 }
 
-/// Reads the client's frames: acks go to the coalescer; anything counts as a sign of life.
+/// Reads the client's frames until told to stop, or the client is gone: acks go to the
+/// coalescer; anything counts as a sign of life. Returns the socket's reading half.
 async fn listen(
     app: SharedApp,
-    mut stream: futures_util::stream::SplitStream<WebSocket>,
-    topic: String,
-    subscriber_id: String,
-    heard: Arc<std::sync::Mutex<Instant>>,
-    feed: watch::Receiver<raft_store::TopicSignal>,
+    mut stream: SplitStream<WebSocket>,
+    l: Listening,
     signals: Signals,
-) {
-    while let Some(received) = stream.next().await {
+) -> SplitStream<WebSocket> {
+    let Listening { topic, subscriber_id, heard, feed, stop } = l;
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
+    loop {
+        // A frame half read when told to stop stays buffered in the socket (a stream's `next`
+        // is cancel-safe): the close handshake reads it.
+        let received = tokio::select! {
+            biased;
+            () = &mut stopped => return stream,
+            received = stream.next() => received,
+        };
+        let Some(received) = received else { break };
         let message = match received {
             Ok(message) => message,
             Err(e) => {
@@ -191,6 +222,7 @@ async fn listen(
         }
     }
     signals.client_gone.notify_one();
+    stream
 }
 
 /// The session's side of the socket, and what it knows of the client's liveness.
