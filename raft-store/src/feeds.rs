@@ -35,7 +35,7 @@ pub struct TopicSignal {
 impl TopicSignal {
     /// The signal after `self` once the topic became `record` through `deletions` (each at
     /// its `current_sequence`, in order): the deletion count carries over, plus those.
-    fn after(&self, record: Option<&TopicRecord>, deletions: &[u64]) -> Self {
+    pub fn after(&self, record: Option<&TopicRecord>, deletions: &[u64]) -> Self {
         let mut next = Self { deletions: self.deletions, ends: self.ends, ..Self::of(record) };
         for &end in deletions {
             next.deletions += 1;
@@ -52,6 +52,24 @@ impl TopicSignal {
         let oldest_remembered = self.deletions.saturating_sub(DELETIONS_REMEMBERED as u64 - 1);
         let first = (since + 1).max(oldest_remembered);
         self.ends[(first % DELETIONS_REMEMBERED as u64) as usize]
+    }
+
+    /// The deletion count a subscriber at `cursor`, started when the count was `since`, is to
+    /// compare with: deletions since then that ended the topic below its cursor are passed,
+    /// not owed. Sequences go on across a re-creation, so such a cursor is in a later
+    /// incarnation (read on a node further along), and nothing before those deletions is owed.
+    pub fn deletions_passed(&self, since: u64, cursor: u64) -> u64 {
+        let oldest_remembered = self.deletions.saturating_sub(DELETIONS_REMEMBERED as u64 - 1);
+        let mut base = since;
+        // Ends only grow: when the oldest remembered is below the cursor, so is every deletion
+        // before it.
+        if base + 1 < oldest_remembered && self.deleted_after(base) < cursor {
+            base = oldest_remembered - 1;
+        }
+        while base < self.deletions && self.deleted_after(base) < cursor {
+            base += 1;
+        }
+        base
     }
 
     pub fn of(record: Option<&TopicRecord>) -> Self {
@@ -199,5 +217,23 @@ mod tests {
         // Older ones fall back to the oldest remembered: later, never earlier.
         assert_eq!(signal.deleted_after(0), 30);
         assert_eq!(signal.deleted_after(1), 30);
+    }
+
+    /// Deleted at 10, 20 and 30: a cursor of 25 is in the incarnation the third deletion
+    /// ended, so the first two are passed; one at a deletion's end is owed its notice.
+    #[test]
+    fn deletions_below_the_cursor_are_passed() {
+        let signal = TopicSignal::default().after(None, &[10, 20, 30]);
+        assert_eq!(signal.deletions_passed(0, 25), 2);
+        assert_eq!(signal.deletions_passed(0, 20), 1, "the deletion at 20 is owed to a cursor at 20");
+        assert_eq!(signal.deletions_passed(0, 5), 0);
+        assert_eq!(signal.deletions_passed(0, 31), 3, "every deletion passed");
+        assert_eq!(signal.deletions_passed(2, 25), 2, "counted from where the subscriber started");
+        assert_eq!(signal.deletions_passed(3, 99), 3);
+        // Past those remembered: every deletion before the oldest remembered one is passed too.
+        let ends: Vec<u64> = (1..=DELETIONS_REMEMBERED as u64 + 2).map(|n| n * 10).collect();
+        let many = TopicSignal::default().after(None, &ends);
+        assert_eq!(many.deletions_passed(0, 35), 3);
+        assert_eq!(many.deletions_passed(0, 1000), ends.len() as u64);
     }
 }

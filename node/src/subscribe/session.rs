@@ -375,16 +375,35 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 };
                 page = read_page(app, s, cursor)?;
                 room.shrink(frame_bytes(&page));
-                Some(room)
+                PageHold { _room: Some(room), ..Default::default() }
+            } else if let Some(room) = Room::try_take(&app.read_pages, own_pages.as_ref(), frame_bytes(&page)) {
+                // One from the cache counts when there is room: its frames are shared with the
+                // cache, which has a bound of its own. It counts against its client's share
+                // too: one client's many slow sessions, each counting the same shared frames,
+                // would otherwise fill the node's budget and hold up every other client's
+                // reads from storage.
+                PageHold { _room: Some(room), ..Default::default() }
+            } else if let Some(own) = own_pages.as_ref() {
+                // Without room, a page from the cache still never waits for the node's budget:
+                // a live subscriber must not wait behind other clients' slow readers. But it
+                // holds, beyond the cache, a page of frames the cache may drop while it is sent
+                // (at most 1 MiB and a message), and one client's many slow sessions, each at a
+                // different point of a busy topic, would each hold one uncounted. So it waits
+                // for its client's own share: behind that client's own slow readers only.
+                let take = own.take(frame_bytes(&page));
+                tokio::pin!(take);
+                let permit = loop {
+                    tokio::select! {
+                        biased;
+                        permit = &mut take => break permit,
+                        _ = ping.tick() => out.keep_alive().await?,
+                        () = &mut client_gone => return Ok(signals.gone()),
+                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
+                    }
+                };
+                PageHold { _own_share: Some(permit), ..Default::default() }
             } else {
-                // One from the cache counts when there is room, and never waits for it: its
-                // frames are shared with the cache, which has a bound of its own, and a live
-                // subscriber must not wait behind others' slow readers. What it holds beyond
-                // the cache (frames dropped while it sends them) is one page, at most 1 MiB and
-                // a message. It counts against its client's share too: one client's many slow
-                // sessions, each counting the same shared frames, would otherwise fill the
-                // node's budget and hold up every other client's reads from storage.
-                Room::try_take(&app.read_pages, own_pages.as_ref(), frame_bytes(&page))
+                PageHold::default()
             };
             if deliver_page(app, out, s, &mut cursor, last, ends_at_deletion, page).await? {
                 // A long replay or a busy topic never waits in the select below: keep pinging
@@ -427,6 +446,15 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
         }
     }
+}
+
+/// What a page holds of the budget of pages read until it is sent (see the session loop):
+/// room in the node's budget and its client's share, or, for a page from the cache the node's
+/// budget had no room for, its client's share alone.
+#[derive(Default)]
+struct PageHold {
+    _room: Option<Room>,
+    _own_share: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 fn frame_bytes(page: &[(u64, Utf8Bytes)]) -> usize {
