@@ -13,6 +13,7 @@ use pubsub_tests::{assert_converged, publish_retrying, wait_applied, wait_until,
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 const CONVERGE: Duration = Duration::from_secs(30);
 /// How long the cluster may take to elect a new leader after its leader is killed (see
@@ -449,32 +450,46 @@ async fn a_stale_step_down_changes_no_leader_and_no_term() {
     .await;
 }
 
+/// A subscription to topic `t`, as subscriber `s`, on node 0, its `subscribed` frame read.
+async fn subscribed(c: &Cluster) -> WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>> {
+    let url = format!("ws://{}/topics/t/subscribe?subscriber_id=s", c.nodes[0].addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let _subscribed = ws.next().await;
+    ws
+}
+
+/// Stops node 0 with SIGTERM, in the background: the cluster comes back with its exit code.
+fn terminate_in_background(mut c: Cluster) -> tokio::task::JoinHandle<(Cluster, Option<i32>)> {
+    tokio::task::spawn_blocking(move || {
+        let code = c.terminate(0);
+        (c, code)
+    })
+}
+
+/// The code of the close frame that comes next on `frames` (other frames skipped), within
+/// `CONVERGE`; anything else ending the stream fails the test.
+async fn close_code(frames: &mut (impl futures_util::Stream<Item = Result<Message, WsError>> + Unpin)) -> Option<u16> {
+    loop {
+        match tokio::time::timeout(CONVERGE, frames.next()).await.expect("close in time") {
+            Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
-    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    let c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
     create_topic(&c, "t").await;
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async(format!("ws://{}/topics/t/subscribe?subscriber_id=s", c.nodes[0].addr))
-            .await
-            .unwrap();
-    let _subscribed = ws.next().await;
+    let mut ws = subscribed(&c).await;
     // A request whose body trickles in (it would have 30 s) does not hold the stop: within
     // the 10 s `terminate` waits before it kills, the node exits 0.
     let mut trickling = tokio::net::TcpStream::connect(&c.nodes[0].addr).await.unwrap();
     let head = "POST /topics/t/messages HTTP/1.1\r\nhost: n\r\ncontent-length: 1000\r\n\r\n{\"payload\":";
     tokio::io::AsyncWriteExt::write_all(&mut trickling, head.as_bytes()).await.unwrap();
-    let exit = tokio::task::spawn_blocking(move || {
-        let code = c.terminate(0);
-        (c, code)
-    });
-    let close = loop {
-        match tokio::time::timeout(CONVERGE, ws.next()).await.expect("close in time") {
-            Some(Ok(Message::Close(frame))) => break frame.map(|f| u16::from(f.code)),
-            Some(Ok(_)) => continue,
-            other => panic!("expected a close frame, got {other:?}"),
-        }
-    };
-    assert_eq!(close, Some(1001));
+    let exit = terminate_in_background(c);
+    assert_eq!(close_code(&mut ws).await, Some(1001));
     let (_c, code) = exit.await.unwrap();
     assert_eq!(code, Some(0));
     drop(trickling);
@@ -487,14 +502,9 @@ async fn sigterm_closes_subscriptions_with_1001_and_exits_zero() {
 /// queued to send, the close frame among it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_acking_through_a_stop_gets_a_clean_close_handshake() {
-    let mut c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
+    let c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
     create_topic(&c, "t").await;
-    let (ws, _) =
-        tokio_tungstenite::connect_async(format!("ws://{}/topics/t/subscribe?subscriber_id=s", c.nodes[0].addr))
-            .await
-            .unwrap();
-    let (mut acks, mut frames) = ws.split();
-    let _subscribed = frames.next().await;
+    let (mut acks, mut frames) = subscribed(&c).await.split();
     let acking = tokio::spawn(async move {
         let mut sent = 0u64;
         loop {
@@ -504,18 +514,8 @@ async fn a_subscriber_acking_through_a_stop_gets_a_clean_close_handshake() {
             }
         }
     });
-    let exit = tokio::task::spawn_blocking(move || {
-        let code = c.terminate(0);
-        (c, code)
-    });
-    let close = loop {
-        match tokio::time::timeout(CONVERGE, frames.next()).await.expect("close in time") {
-            Some(Ok(Message::Close(frame))) => break frame.map(|f| u16::from(f.code)),
-            Some(Ok(_)) => continue,
-            other => panic!("expected a close frame, got {other:?}"),
-        }
-    };
-    assert_eq!(close, Some(1001));
+    let exit = terminate_in_background(c);
+    assert_eq!(close_code(&mut frames).await, Some(1001));
     // Reading on sends the client's answer; the server then closes the connection cleanly.
     let end = tokio::time::timeout(CONVERGE, frames.next()).await.expect("the end in time");
     assert!(end.is_none(), "expected the connection to end cleanly after the handshake, got {end:?}");

@@ -484,7 +484,9 @@ async fn connect(
 async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refusal> {
     let read = async {
         loop {
-            match socket.next().await {
+            let frame = socket.next().await;
+            answer_if_close(socket, &frame).await;
+            match frame {
                 Some(Ok(WsMessage::Text(text))) => {
                     let reason = match serde_json::from_str::<ServerFrame>(&text) {
                         Ok(ServerFrame::Control(ControlFrame::Subscribed { cursor })) => return Ok(cursor),
@@ -493,14 +495,7 @@ async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refu
                     };
                     return Err(Refusal::Transport { error: reason.into(), timeout: false });
                 }
-                Some(Ok(WsMessage::Close(_))) => {
-                    answer_close(socket).await;
-                    return Err(Refusal::Transport {
-                        error: "connection closed before the first frame".into(),
-                        timeout: false,
-                    });
-                }
-                None => {
+                Some(Ok(WsMessage::Close(_))) | None => {
                     return Err(Refusal::Transport {
                         error: "connection closed before the first frame".into(),
                         timeout: false,
@@ -517,11 +512,13 @@ async fn first_frame(socket: &mut Socket, timeout: Duration) -> Result<u64, Refu
     }
 }
 
-/// Sends the answer tungstenite queued to the node's close frame. It goes out only with the
-/// socket's next write or flush: dropped unsent, the node waits for it (up to 2 s) before it
-/// lets the connection go, and a stopping node waits as long before it exits.
-async fn answer_close(socket: &mut Socket) {
-    let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, socket.flush()).await;
+/// When `frame` is the node's close frame, sends the answer tungstenite queued to it. It goes
+/// out only with the socket's next write or flush: dropped unsent, the node waits for it (up
+/// to 2 s) before it lets the connection go, and a stopping node waits as long before it exits.
+async fn answer_if_close(socket: &mut Socket, frame: &Option<Result<WsMessage, tungstenite::Error>>) {
+    if let Some(Ok(WsMessage::Close(_))) = frame {
+        let _ = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT, socket.flush()).await;
+    }
 }
 
 /// How one connection ended.
@@ -702,12 +699,9 @@ impl Worker {
                     }
                 }
                 frame = socket.next() => {
+                    answer_if_close(&mut socket, &frame).await;
                     let next = match frame {
-                        None | Some(Err(_)) => Next::Dropped,
-                        Some(Ok(WsMessage::Close(_))) => {
-                            answer_close(&mut socket).await;
-                            Next::Dropped
-                        }
+                        None | Some(Err(_)) | Some(Ok(WsMessage::Close(_))) => Next::Dropped,
                         Some(Ok(WsMessage::Text(text))) => self.on_text(&text).await,
                         // Pongs, pings (answered by tungstenite) and binary frames only prove
                         // the connection is alive.

@@ -58,14 +58,11 @@ impl TopicSignal {
     /// compare with: deletions since then that ended the topic below its cursor are passed,
     /// not owed. Sequences go on across a re-creation, so such a cursor is in a later
     /// incarnation (read on a node further along), and nothing before those deletions is owed.
+    /// Past what is remembered, [`TopicSignal::deleted_after`] answers a later end, so an older
+    /// deletion is passed only if that one is too. Counts the deletions since `since`, at
+    /// most those applied while one request waited.
     pub fn deletions_passed(&self, since: u64, cursor: u64) -> u64 {
-        let oldest_remembered = self.deletions.saturating_sub(DELETIONS_REMEMBERED as u64 - 1);
         let mut base = since;
-        // Ends only grow: when the oldest remembered is below the cursor, so is every deletion
-        // before it.
-        if base + 1 < oldest_remembered && self.deleted_after(base) < cursor {
-            base = oldest_remembered - 1;
-        }
         while base < self.deletions && self.deleted_after(base) < cursor {
             base += 1;
         }

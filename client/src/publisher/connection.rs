@@ -8,6 +8,7 @@
 //! and not only when the last clone of the publisher is dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,10 @@ pub(super) struct Pending {
     slots: Arc<Semaphore>,
     /// Turns true when the map is closed: tells the connection's tasks to stop.
     gone: watch::Sender<bool>,
+    /// When the node was last heard from (any frame: answers, its pings), in ms from
+    /// `opened`: set by the reader on every frame, without the map's lock.
+    heard_ms: AtomicU64,
+    opened: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -52,26 +57,30 @@ struct State {
     /// Set once no new publish is taken, the connection staying open for the answers still
     /// due ([`Pending::drain`]).
     draining: Option<Lost>,
-    /// When the node was last heard from (any frame: answers, its pings), or the map made.
-    heard: Option<Instant>,
 }
 
 impl Pending {
     pub(super) fn new(slots: Arc<Semaphore>) -> Pending {
-        let state = State { heard: Some(Instant::now()), ..State::default() };
-        Pending { state: Mutex::new(state), slots, gone: watch::Sender::new(false) }
+        Pending {
+            state: Mutex::new(State::default()),
+            slots,
+            gone: watch::Sender::new(false),
+            heard_ms: AtomicU64::new(0),
+            opened: Instant::now(),
+        }
     }
 
     /// Notes a frame from the node: the connection is alive.
     fn heard(&self) {
-        self.lock().heard = Some(Instant::now());
+        self.heard_ms.store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// How long the node has sent nothing. A publish that timed out presumes the connection
-    /// dead only past its timeout of this: a node busy with others' publishes, or holding
-    /// frames while its budgets are full, still answers or pings.
+    /// How long the node has sent nothing (since the connection opened, if ever). A publish
+    /// that timed out presumes the connection dead only past its timeout of this: a node busy
+    /// with others' publishes, or holding frames while its budgets are full, still answers or
+    /// pings.
     pub(super) fn silent_for(&self) -> Duration {
-        self.lock().heard.map_or(Duration::MAX, |heard| heard.elapsed())
+        self.opened.elapsed().saturating_sub(Duration::from_millis(self.heard_ms.load(Ordering::Relaxed)))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

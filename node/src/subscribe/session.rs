@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -17,9 +18,10 @@ use futures_util::{FutureExt, SinkExt, Stream, StreamExt};
 use openraft::metrics::RaftServerMetrics;
 use raft_store::{Node, NodeId};
 use serde::Deserialize;
+use tokio::sync::futures::Notified;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::frames;
 use crate::app::SharedApp;
@@ -362,17 +364,10 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // take long to send to slow readers: keep pinging meanwhile, and keep this
                 // place in the queue.
                 let take = Room::take(&app.read_pages, own_pages.as_ref(), SUBSCRIBE_PAGE_BYTES_RESERVED, None);
-                tokio::pin!(take);
-                let mut room = loop {
-                    tokio::select! {
-                        biased;
-                        // Without a deadline, only a budget that had room answers.
-                        Ok(room) = &mut take => break room,
-                        _ = ping.tick() => out.keep_alive().await?,
-                        () = &mut client_gone => return Ok(signals.gone()),
-                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
-                    }
-                };
+                let waiting =
+                    Waiting { ping: &mut ping, client_gone: client_gone.as_mut(), shutdown: shutdown.as_mut() };
+                let mut room =
+                    waiting.wait(take, out, signals).await?.expect("a wait without a deadline ends with room");
                 page = read_page(app, s, cursor)?;
                 room.shrink(frame_bytes(&page));
                 PageHold { _room: Some(room), ..Default::default() }
@@ -390,17 +385,9 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // (at most 1 MiB and a message), and one client's many slow sessions, each at a
                 // different point of a busy topic, would each hold one uncounted. So it waits
                 // for its client's own share: behind that client's own slow readers only.
-                let take = own.take(frame_bytes(&page));
-                tokio::pin!(take);
-                let permit = loop {
-                    tokio::select! {
-                        biased;
-                        permit = &mut take => break permit,
-                        _ = ping.tick() => out.keep_alive().await?,
-                        () = &mut client_gone => return Ok(signals.gone()),
-                        () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
-                    }
-                };
+                let waiting =
+                    Waiting { ping: &mut ping, client_gone: client_gone.as_mut(), shutdown: shutdown.as_mut() };
+                let permit = waiting.wait(own.take(frame_bytes(&page)), out, signals).await?;
                 PageHold { _own_share: Some(permit), ..Default::default() }
             } else {
                 PageHold::default()
@@ -444,6 +431,32 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
             }
             () = &mut client_gone => return Ok(signals.gone()),
             () = &mut shutdown => return Ok(End::Close(1001, "server shutting down")),
+        }
+    }
+}
+
+/// What a session waits with for room in the budget of pages read: others' pages may take
+/// long to send to slow readers, so it keeps pinging meanwhile, and ends when its client goes
+/// or the node stops.
+struct Waiting<'a, 'f> {
+    ping: &'a mut tokio::time::Interval,
+    client_gone: Pin<&'a mut Notified<'f>>,
+    shutdown: Pin<&'a mut WaitForCancellationFuture<'f>>,
+}
+
+impl Waiting<'_, '_> {
+    /// `room` once it comes, keeping its place in the queue; `Err` with how the session ends
+    /// when the client goes or the node stops first.
+    async fn wait<T>(mut self, room: impl Future<Output = T>, out: &mut Outbox, signals: &Signals) -> Result<T, End> {
+        tokio::pin!(room);
+        loop {
+            tokio::select! {
+                biased;
+                room = &mut room => return Ok(room),
+                _ = self.ping.tick() => out.keep_alive().await?,
+                () = &mut self.client_gone => return Err(signals.gone()),
+                () = &mut self.shutdown => return Err(End::Close(1001, "server shutting down")),
+            }
         }
     }
 }
