@@ -330,18 +330,20 @@ async fn publish_follows_the_contract() {
 async fn topics_are_listed_in_pages_by_name() {
     let c = Cluster::start(Options { nodes: 1, ..Default::default() }).await;
     let l = leader_url(&c).await;
-    for name in ["c", "a", "b"] {
+    for name in ["c", "e", "a", "d", "b"] {
         assert_eq!(post_raw(&format!("{l}/topics/{name}"), "").await.unwrap().status, 201);
     }
-    let names = |body: &Value| -> Vec<String> {
-        body["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()
-    };
+    fn names(body: &Value) -> Vec<&str> {
+        body["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect()
+    }
     let all = get(&format!("{l}/topics")).await.unwrap();
-    assert_eq!((names(&all.body), &all.body["next_after"]), (vec!["a".into(), "b".into(), "c".into()], &Value::Null));
+    assert_eq!((names(&all.body), &all.body["next_after"]), (vec!["a", "b", "c", "d", "e"], &Value::Null));
     let first = get(&format!("{l}/topics?limit=2")).await.unwrap();
-    assert_eq!((names(&first.body), &first.body["next_after"]), (vec!["a".into(), "b".into()], &json!("b")));
-    let rest = get(&format!("{l}/topics?limit=2&after=b")).await.unwrap();
-    assert_eq!((names(&rest.body), &rest.body["next_after"]), (vec!["c".into()], &Value::Null));
+    assert_eq!((names(&first.body), &first.body["next_after"]), (vec!["a", "b"], &json!("b")));
+    let second = get(&format!("{l}/topics?limit=2&after=b")).await.unwrap();
+    assert_eq!((names(&second.body), &second.body["next_after"]), (vec!["c", "d"], &json!("d")));
+    let rest = get(&format!("{l}/topics?limit=2&after=d")).await.unwrap();
+    assert_eq!((names(&rest.body), &rest.body["next_after"]), (vec!["e"], &Value::Null));
     for bad in ["limit=0", "limit=x", "limit=100001"] {
         let r = get(&format!("{l}/topics?{bad}")).await.unwrap();
         assert_eq!(r.status, 400, "{bad}");

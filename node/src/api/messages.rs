@@ -73,23 +73,37 @@ pub async fn read(
         // Something to return: a message after `after` that retention has not removed (a
         // topic trimmed to nothing would otherwise answer an empty page at once, every time).
         // A long poll waits out a snapshot install (it signals when done): storage may lack
-        // the messages meanwhile, and the page would be refused.
+        // the messages meanwhile, and the page would be refused. A deleted topic has nothing
+        // more to wait for (one created again is live).
         let settled = !app.reader.installing();
-        if (record.current_sequence > page_start(&record, after) && settled) || wait_ms == 0 {
+        let ready = record.current_sequence > page_start(&record, after) || record.deleted;
+        if (ready && settled) || wait_ms == 0 {
             return page(&app, client, &record, after, limit).await;
         }
         let end = tokio::select! {
-            changed = watch.changed() => changed.is_err(),
-            _ = tokio::time::sleep_until(deadline) => true,
-            _ = app.shutdown.cancelled() => true,
+            changed = watch.changed() => changed.is_err().then_some(WaitEnd::Stopping),
+            _ = tokio::time::sleep_until(deadline) => Some(WaitEnd::Deadline),
+            _ = app.shutdown.cancelled() => Some(WaitEnd::Stopping),
         };
-        if end {
-            if after > record.current_sequence {
+        match end {
+            None => {}
+            // The cursor may still be good: this node stopped before the end of the wait that
+            // API.md grants a cursor ahead of it.
+            Some(WaitEnd::Stopping) if after > record.current_sequence => {
+                return Err(ApiError::Unavailable("the node is stopping; try another node".into()));
+            }
+            Some(WaitEnd::Deadline) if after > record.current_sequence => {
                 return Err(beyond(after, record.current_sequence));
             }
-            return page(&app, client, &record, after, limit).await;
+            Some(_) => return page(&app, client, &record, after, limit).await,
         }
     }
+}
+
+/// Why a long poll stopped waiting before anything arrived.
+enum WaitEnd {
+    Deadline,
+    Stopping,
 }
 
 /// The topic to read: a live one, or a deleted one that still owes a reader resuming `after`
@@ -105,14 +119,22 @@ fn page_start(record: &raft_store::TopicRecord, after: u64) -> u64 {
     after.max(record.first_sequence.saturating_sub(1))
 }
 
-/// The `first_available_sequence` of a page read after `start` whose first message is
-/// `first_read`. The record was taken before the read: a retention trim applied in between
-/// makes the page start above `start + 1`, and the record's lower value would then hide that
-/// the messages in between expired. A page starting right after `start` keeps the record's.
-fn first_available(record_first: u64, start: u64, first_read: Option<u64>) -> u64 {
-    match first_read {
-        Some(first) if first > start.saturating_add(1) => record_first.max(first),
-        _ => record_first,
+/// The `next_cursor` and `first_available_sequence` of a page read after `start` (from the
+/// cursor `after`) whose messages ran from `read`'s first to its last sequence.
+///
+/// The record was taken before the read: a retention trim applied in between makes the page
+/// start above `start + 1`, and the record's lower first sequence would then hide that the
+/// messages in between expired. An empty page of a deleted topic means retention removed all
+/// it still owed this cursor: the page passes them (the next read, after its end, is `404`),
+/// where a reader following `next_cursor` would otherwise ask for them forever.
+fn page_bounds(record: &raft_store::TopicRecord, after: u64, start: u64, read: Option<(u64, u64)>) -> (u64, u64) {
+    match read {
+        Some((first, last)) if first > start.saturating_add(1) => (last, record.first_sequence.max(first)),
+        Some((_, last)) => (last, record.first_sequence),
+        None if record.deleted => {
+            (after.max(record.current_sequence), record.first_sequence.max(record.current_sequence + 1))
+        }
+        None => (after, record.first_sequence),
     }
 }
 
@@ -129,8 +151,8 @@ async fn page(
     let room = reserve(app, client, READ_PAGE_BYTES_RESERVED).await?;
     let start = page_start(record, after);
     let messages = app.reader.read_messages_settled(record.id, start, limit)?;
-    let next_cursor = messages.last().map(|(seq, _)| *seq).unwrap_or(after);
-    let first_available_sequence = first_available(record.first_sequence, start, messages.first().map(|(seq, _)| *seq));
+    let read = messages.first().zip(messages.last()).map(|((first, _), (last, _))| (*first, *last));
+    let (next_cursor, first_available_sequence) = page_bounds(record, after, start, read);
     let mut out = Vec::with_capacity(256 + messages.iter().map(|(_, m)| m.payload.len() + 96).sum::<usize>());
     out.extend_from_slice(b"{\"messages\":[");
     for (i, (sequence, message)) in messages.iter().enumerate() {
@@ -171,23 +193,46 @@ pub(super) async fn reserve(app: &SharedApp, client: Option<IpAddr>, bytes: usiz
 
 #[cfg(test)]
 mod tests {
-    use super::first_available;
+    use super::page_bounds;
+
+    fn record(first_sequence: u64, current_sequence: u64, deleted: bool) -> raft_store::TopicRecord {
+        raft_store::TopicRecord {
+            id: 1,
+            name: "t".into(),
+            created_at: 0,
+            metadata: None,
+            retention: Default::default(),
+            deleted,
+            current_sequence,
+            first_sequence,
+            bytes: 0,
+        }
+    }
 
     #[test]
     fn a_page_starting_at_its_start_keeps_the_records_first_sequence() {
-        // Read after 4 (the cursor), first message 5: nothing expired in between.
-        assert_eq!(first_available(3, 4, Some(5)), 3);
+        // Read after 4 (the cursor), messages 5 to 7: nothing expired in between.
+        assert_eq!(page_bounds(&record(3, 9, false), 4, 4, Some((5, 7))), (7, 3));
         // Below the retained range the page starts at the record's first.
-        assert_eq!(first_available(10, 9, Some(10)), 10);
-        // An empty page has nothing to say about retention.
-        assert_eq!(first_available(3, 4, None), 3);
+        assert_eq!(page_bounds(&record(10, 12, false), 2, 9, Some((10, 12))), (12, 10));
+        // An empty page of a live topic has nothing to say about retention.
+        assert_eq!(page_bounds(&record(3, 4, false), 4, 4, None), (4, 3));
     }
 
     #[test]
     fn a_page_starting_above_its_start_reports_its_first_message_at_least() {
         // Trimmed to 8 after the record (first 3) was taken: 5 to 7 expired.
-        assert_eq!(first_available(3, 4, Some(8)), 8);
+        assert_eq!(page_bounds(&record(3, 9, false), 4, 4, Some((8, 9))), (9, 8));
         // A cursor below the range starts behind the record's first (5); trimmed to 9 since.
-        assert_eq!(first_available(5, 4, Some(9)), 9);
+        assert_eq!(page_bounds(&record(5, 9, false), 2, 4, Some((9, 9))), (9, 9));
+    }
+
+    #[test]
+    fn an_empty_page_of_a_deleted_topic_passes_what_expired() {
+        // Deleted at 10, then trimmed to nothing: 6 to 10 are gone, and the cursor moves to 10,
+        // where the next read is 404, instead of asking for 6 forever.
+        assert_eq!(page_bounds(&record(11, 10, true), 5, 10, None), (10, 11));
+        // Trimmed between the record (first 3) and the read.
+        assert_eq!(page_bounds(&record(3, 10, true), 5, 5, None), (10, 11));
     }
 }
