@@ -198,6 +198,12 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
         let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> = HashMap::new();
         let mut next = Some(first);
         let mut quiet_since = Instant::now();
+        // A request went out and nothing came back since. Not the same as `pending`, whose
+        // callers may have given up: votes and pre-votes give up within an election timeout,
+        // before the stall check sees them, and on a connection stuck in TCP's retransmission
+        // backoff (a partition that lasted) each would start the silence over, so the
+        // connection would never be dropped and dialed again once the partition heals.
+        let mut unanswered = false;
         let mut check = tokio::time::interval(PEER_STALL_TIMEOUT / 3);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason: String = loop {
@@ -205,8 +211,9 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                 if out.reply.is_closed() {
                     continue;
                 }
-                let was_idle = pending.is_empty();
+                let was_idle = pending.is_empty() && !unanswered;
                 pending.insert(out.id, out.reply);
+                unanswered = true;
                 if let Err(e) = write_moving(&mut sink, Message::Binary(out.frame.into()), &progress).await {
                     break e;
                 }
@@ -224,6 +231,7 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                 msg = stream.next() => match msg {
                     Some(Ok(Message::Binary(bytes))) => {
                         quiet_since = Instant::now();
+                        unanswered = false;
                         match decode::<RpcResponse>(&bytes) {
                             Ok(frame) => {
                                 if let Some(reply) = pending.remove(&frame.id) {
@@ -244,7 +252,10 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                     }
                     Some(Ok(Message::Close(_))) | None => break "closed by peer".into(),
                     // Pongs among them: the peer is there, however slow its answers.
-                    Some(Ok(_)) => quiet_since = Instant::now(),
+                    Some(Ok(_)) => {
+                        quiet_since = Instant::now();
+                        unanswered = false;
+                    }
                     Some(Err(e)) => break e.to_string(),
                 },
                 out = rx.recv() => match out {
@@ -260,7 +271,7 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                         break "dialing again to present the cluster id, known now".into();
                     }
                     pending.retain(|_, reply| !reply.is_closed());
-                    if pending.is_empty() {
+                    if pending.is_empty() && !unanswered {
                         continue;
                     }
                     let quiet = quiet_since.elapsed();
@@ -670,6 +681,25 @@ mod tests {
         let pool = PeerPool::new(Env::production(None), anonymous());
         let answer = pool.conn(2, &addr).call(forward_of(1), PEER_STALL_TIMEOUT * 3).await;
         assert!(matches!(answer, Ok(RpcResponse::Forward(Err(_)))), "{answer:?}");
+    }
+
+    /// Requests whose callers give up before the stall check sees them (votes, pre-votes),
+    /// sent now and then to a peer that answers nothing, not even pings (a partition that
+    /// holds the connection in TCP's retransmission backoff): the connection is dropped and
+    /// dialed again all the same, or the partition healed would go unnoticed for minutes.
+    #[tokio::test]
+    async fn a_silent_peer_is_dialed_again_though_every_caller_gave_up() {
+        let (addr, accepted) = peer_that_stops_reading().await;
+        let pool = PeerPool::new(Env::production(None), anonymous());
+        let conn = pool.conn(2, &addr);
+        let deadline = Instant::now() + PEER_STALL_TIMEOUT * 4;
+        while accepted.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "never dialed again: each new request restarted the silence");
+            let answer = conn.call(forward_of(1), Duration::from_millis(100)).await;
+            assert!(matches!(answer, Err(TransportError::Timeout(_) | TransportError::Network(_))), "{answer:?}");
+            // Longer than the stall check's period, so that no caller is waiting at its ticks.
+            tokio::time::sleep(PEER_STALL_TIMEOUT / 2).await;
+        }
     }
 
     /// A peer whose Raft stopped answers `Fatal` at once: openraft must back off, not resend.
