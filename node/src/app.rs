@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::limits::WRITE_TIMEOUT;
+use crate::limits::{LEADER_CATCH_UP_TIMEOUT, WRITE_TIMEOUT};
 use crate::metrics::Metrics;
 use crate::net::Env;
 use crate::propose::{Committed, ProposeFailure};
@@ -190,6 +190,27 @@ impl App {
         }
     }
 
+    /// [`App::require_leader`] for a write checked against this node's state first (a topic
+    /// that must exist, say): a leader just elected has yet to apply what the leaders before
+    /// it committed, and would refuse a publish `404` to a topic created a moment before. Its
+    /// own first entry, once applied, marks the end of that; it is waited for, at most
+    /// [`LEADER_CATCH_UP_TIMEOUT`], then `503 no_leader`.
+    pub async fn require_leader_applied(&self, path_and_query: &str) -> Result<(), ApiError> {
+        let caught_up = |m: &RaftMetrics<NodeId, raft_store::Node>| {
+            m.state != ServerState::Leader || m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term)
+        };
+        if caught_up(&self.raft.metrics().borrow()) {
+            return self.require_leader(path_and_query);
+        }
+        match self.raft.wait(Some(LEADER_CATCH_UP_TIMEOUT)).metrics(caught_up, "applied its own first entry").await {
+            Ok(_) => self.require_leader(path_and_query),
+            Err(openraft::metrics::WaitError::Timeout(..)) => Err(ApiError::NoLeader),
+            Err(openraft::metrics::WaitError::ShuttingDown) => {
+                Err(ApiError::Unavailable("the node is stopping".into()))
+            }
+        }
+    }
+
     /// Proposes `request` and waits until it is committed on a majority and applied here.
     pub async fn write(&self, request: Request) -> Result<Committed, ApiError> {
         let queued = self.queue_write(request).await?;
@@ -205,7 +226,12 @@ impl App {
             // Only a stopped proposer refuses a write: nothing was queued.
             Ok(Err(ProposeFailure::Fatal(e) | ProposeFailure::Other(e))) => Err(ApiError::Unavailable(e)),
             Ok(Err(ProposeFailure::ForwardToLeader { .. })) => Err(ApiError::NoLeader),
-            Err(_) => Err(ApiError::RaftTimeout(WRITE_TIMEOUT.as_millis())),
+            // The wait for room in the queue, cut short: nothing was queued (`submit` queues
+            // in one step), so not `504 raft_timeout`, which says the write may still commit.
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the node's queue of writes to propose stayed full for {} ms; nothing was stored",
+                WRITE_TIMEOUT.as_millis()
+            ))),
         }
     }
 

@@ -235,8 +235,10 @@ where
     // A leader hands over once its Raft has stopped (so no heartbeat of its own renews its
     // lease behind the hand-over), to a voter that held its whole log while it still ran.
     let handover = raft::handover::prepare(&raft, config.id).await;
-    if let Err(e) = raft.shutdown().await {
-        tracing::warn!(error = %e, "raft did not stop cleanly");
+    match tokio::time::timeout(limits::SHUTDOWN_RAFT_TIMEOUT, raft.shutdown()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "raft did not stop cleanly"),
+        Err(_) => tracing::warn!("raft still stopping after {:?}; exiting anyway", limits::SHUTDOWN_RAFT_TIMEOUT),
     }
     if let Some(handover) = handover {
         handover.run(&app.peers).await;

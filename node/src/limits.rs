@@ -133,6 +133,10 @@ pub const PROPOSAL_LINGER_OFF_ENTRIES: usize = 16;
 /// it (`propose.rs`): no more than a batch publish holds.
 pub const PROPOSAL_MERGED_MESSAGES_MAX: usize = BATCH_MESSAGES_MAX;
 
+/// How long a write to a leader just elected waits for it to apply what the leaders before it
+/// committed (it checks its state first: a topic that must exist) before `503 no_leader`.
+pub const LEADER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long a write may wait to be committed before the client gets `504 raft_timeout`.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -167,6 +171,10 @@ pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a stopping node waits for its Raft core to stop (it may be stuck in a stalled disk's
+/// write): past it the node goes on to exit, unable to do better.
+pub const SHUTDOWN_RAFT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the server waits, after its close frame, for the client's (ws_close.rs): a live
 /// client answers within a round trip. A stopping node waits as long for all of them at once.
 pub const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -855,3 +855,27 @@ fn generated_message_ids_are_time_ordered_uuids() {
     }
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order");
 }
+
+/// A removal whose leader lost leadership with the change in flight (`500 not_committed`)
+/// may have committed: the `404` its retry gets is the removal done, not a failure.
+#[tokio::test]
+async fn a_removal_in_flight_through_a_leader_change_is_done_when_the_retry_finds_it_gone() {
+    let attempts = seen();
+    let hits = attempts.clone();
+    let node = serve_with(move |me| {
+        let cluster = cluster_body("node-1", Some(&me), &[&me]);
+        Router::new().route("/cluster", get(move || async move { Json(cluster) })).route(
+            "/cluster/members/{id}",
+            delete(move || async move {
+                match record(&hits, b"") {
+                    1 => error_response(500, "not_committed", json!({})),
+                    _ => error_response(404, "not_found", json!({})),
+                }
+            }),
+        )
+    })
+    .await;
+    let membership = fast_client(&[&node]).remove_member(4, None).await.expect("the removal is done");
+    assert!(membership.changed);
+    assert_eq!(bodies(&attempts).len(), 2);
+}

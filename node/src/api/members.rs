@@ -189,36 +189,55 @@ fn removal(membership: &Membership<NodeId, Node>, id: NodeId) -> Result<ChangeMe
     }
 }
 
-/// Refuses a change of voters that the voters it leaves could not commit: a majority of them
-/// must have answered this leader within an election timeout (itself counting if it stays).
-/// Removing a voter while another is down would otherwise leave a joint configuration that
-/// never commits: no writes, and once the old leader stops, no leader (etcd's strict
-/// reconfiguration check refuses the same).
+/// Refuses a change of voters that could not commit: joint consensus needs a majority of the
+/// voters now and of the voters it leaves, each counting those that answered this leader
+/// within an election timeout (itself counting if it stays). Removing a voter while another is
+/// down would otherwise leave a joint configuration that never commits: no writes, and once
+/// the old leader stops, no leader (etcd's strict reconfiguration check refuses the same). So
+/// would removing a lost voter of two, which the two of them must agree to.
 fn require_quorum_after(
     app: &App,
     membership: &Membership<NodeId, Node>,
     wanted: &ChangeMembers<NodeId, Node>,
 ) -> Result<(), ApiError> {
-    let base: BTreeSet<NodeId> = membership.get_joint_config().last().cloned().unwrap_or_default();
+    let now: Vec<BTreeSet<NodeId>> = membership.get_joint_config().clone();
+    let base = now.last().cloned().unwrap_or_default();
     let after: BTreeSet<NodeId> = match wanted {
         ChangeMembers::RemoveVoters(ids) => base.difference(ids).copied().collect(),
         ChangeMembers::AddVoterIds(ids) => base.union(ids).copied().collect(),
         _ => return Ok(()),
     };
-    let recent = Duration::from_millis(app.config.election_timeout_ms);
-    let silent: Vec<NodeId> =
-        after.iter().copied().filter(|&id| id != app.id() && !app.peers.answered_within(id, recent)).collect();
-    if (after.len() - silent.len()) * 2 > after.len() {
-        return Ok(());
+    if after.is_empty() {
+        return Err(ApiError::InvalidRequest("the change would leave the cluster without a voter".into()));
     }
+    let recent = Duration::from_millis(app.config.election_timeout_ms);
+    let live = |id: NodeId| id == app.id() || app.peers.answered_within(id, recent);
+    let Some((voters, silent)) = short_of_majority(&now, &after, live) else {
+        return Ok(());
+    };
+    let which = if voters == after { "after this change the voters would be" } else { "the voters now are" };
     Err(ApiError::Unavailable(format!(
-        "after this change the voters would be {}, and {} of them ({}) have not answered the leader within {} ms: \
-         they could not commit it; bring them back first, or remove a lost one before another",
-        crate::error::node_names(&after).join(", "),
+        "{which} {}, and {} of them ({}) have not answered the leader within {} ms: they could not commit \
+         this change, which needs a majority of the voters now and after it; bring them back first, or remove a \
+         lost one before another",
+        crate::error::node_names(&voters).join(", "),
         silent.len(),
         crate::error::node_names(&silent).join(", "),
         recent.as_millis()
     )))
+}
+
+/// The first of the voter sets `now` (one, or two while joint) and `after` in which fewer
+/// than a majority are `live`, with the silent ones.
+fn short_of_majority(
+    now: &[BTreeSet<NodeId>],
+    after: &BTreeSet<NodeId>,
+    live: impl Fn(NodeId) -> bool,
+) -> Option<(BTreeSet<NodeId>, Vec<NodeId>)> {
+    now.iter().chain([after]).find_map(|voters| {
+        let silent: Vec<NodeId> = voters.iter().copied().filter(|&id| !live(id)).collect();
+        ((voters.len() - silent.len()) * 2 <= voters.len()).then(|| (voters.clone(), silent))
+    })
 }
 
 /// The membership this node holds (the latest, committed or not) and where it was written.
@@ -285,7 +304,13 @@ async fn change(
             let membership = response.membership.unwrap_or_else(|| current_membership(app).0);
             Ok((response.log_id, membership))
         }
-        Ok(Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => Err(not_leading(app, where_)),
+        // Leadership moved with the change proposed (or about to be): it may still commit
+        // under the next leader. Not the redirect a write gets before anything is proposed,
+        // which says nothing was done (a client would take a removal's `404` that follows for
+        // a failure); the same request again is safe.
+        Ok(Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))))) => Err(ApiError::NotCommitted(
+            "leadership moved while the change was in flight; it may still commit under the next leader".into(),
+        )),
         Ok(Some(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))))) => Err(match e {
             // Checked before leadership: a node deposed since the wait holds the new leader's
             // membership, not yet committed.
@@ -346,5 +371,38 @@ async fn wait_caught_up(app: &App, where_: &str, id: NodeId, target: Option<LogI
             Err(ApiError::MemberCatchingUp { node: id, secs: MEMBER_CATCH_UP_TIMEOUT.as_secs() })
         }
         Err(openraft::metrics::WaitError::ShuttingDown) => Err(ApiError::Unavailable("the node is stopping".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_change_needs_a_live_majority_of_the_voters_after_it() {
+        // Three voters, 3 down: removing 2 leaves {1, 3}, one of two live.
+        let short = short_of_majority(&[set(&[1, 2, 3])], &set(&[1, 3]), |id| id != 3);
+        assert_eq!(short, Some((set(&[1, 3]), vec![3])));
+        // Removing 3, the lost one, is fine: two of three now, two of two after.
+        assert_eq!(short_of_majority(&[set(&[1, 2, 3])], &set(&[1, 2]), |id| id != 3), None);
+    }
+
+    #[test]
+    fn a_change_needs_a_live_majority_of_the_voters_now() {
+        // Two voters, 2 down: removing it leaves {1}, all live, but the joint configuration
+        // also needs 2, which never answers.
+        let short = short_of_majority(&[set(&[1, 2])], &set(&[1]), |id| id == 1);
+        assert_eq!(short, Some((set(&[1, 2]), vec![2])));
+        // Four voters, 3 and 4 down: removing 4 leaves {1, 2, 3}, two of three live, but now
+        // only two of four are.
+        let short = short_of_majority(&[set(&[1, 2, 3, 4])], &set(&[1, 2, 3]), |id| id <= 2);
+        assert_eq!(short, Some((set(&[1, 2, 3, 4]), vec![3, 4])));
+        // Both sets of a joint configuration count.
+        let short = short_of_majority(&[set(&[1, 2, 3]), set(&[3, 4, 5])], &set(&[3, 4]), |id| id <= 3);
+        assert_eq!(short, Some((set(&[3, 4, 5]), vec![4, 5])));
     }
 }

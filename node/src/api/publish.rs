@@ -253,7 +253,7 @@ pub async fn publish(
     let bytes = input::body(&app, input::client_ip(client), body, PUBLISH_BODY_BYTES_MAX).await?;
     let Incoming { message, id_generated } = new_message_from(&app, parse::<MessageFields>(&bytes)?)?;
     let where_ = input::path_and_query(&uri);
-    app.require_leader(&where_)?;
+    app.require_leader_applied(&where_).await?;
     let record = active(&app, &topic)?;
     require_room(&app, &topic, record.id, std::slice::from_ref(&message), id_generated)?;
     let id = message.id.clone();
@@ -469,7 +469,7 @@ pub(super) async fn queue_publish(
     ids_generated: bool,
     where_: &str,
 ) -> Result<QueuedWrite, ApiError> {
-    app.require_leader(where_)?;
+    app.require_leader_applied(where_).await?;
     let record = active(app, topic)?;
     require_room(app, topic, record.id, &messages, ids_generated)?;
     let count = messages.len() as u64;

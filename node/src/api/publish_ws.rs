@@ -75,7 +75,7 @@ pub async fn upgrade(
     let topic = input::topic_name(path)?;
     input::query(RawQuery(uri.query().map(String::from)))?;
     let client = input::client_ip(client);
-    app.require_leader(&input::path_and_query(&uri))?;
+    app.require_leader_applied(&input::path_and_query(&uri)).await?;
     active(&app, &topic)?;
     let upgrade = upgrade.map_err(|_| ApiError::InvalidRequest("this endpoint is a WebSocket".into()))?;
     // Taken before the upgrade, so that concurrent upgrades cannot overshoot.

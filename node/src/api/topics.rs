@@ -90,7 +90,7 @@ pub async fn create(
     input::query(RawQuery(uri.query().map(String::from)))?;
     let bytes = input::body(&app, input::client_ip(client), body, TOPIC_BODY_BYTES_MAX).await?;
     let (metadata, retention) = creation_metadata(&bytes)?;
-    app.require_leader(&input::path_and_query(&uri))?;
+    app.require_leader_applied(&input::path_and_query(&uri)).await?;
     if active(&app, &name).is_ok() {
         return Ok((StatusCode::OK, Json(json!({"topic": name, "created": false, "raft_index": 0}))).into_response());
     }
@@ -213,7 +213,7 @@ pub async fn delete(
 ) -> Result<Json<Value>, ApiError> {
     let name = input::topic_name(path)?;
     input::query(RawQuery(uri.query().map(String::from)))?;
-    app.require_leader(&input::path_and_query(&uri))?;
+    app.require_leader_applied(&input::path_and_query(&uri)).await?;
     active(&app, &name)?;
     let written = app.write(Request::DeleteTopic { topic: name.clone() }).await?;
     match written.response {
@@ -233,7 +233,7 @@ pub async fn forget_subscriber(State(app): State<SharedApp>, uri: Uri) -> Result
     let name = input::percent_decoded(name).ok_or_else(|| ApiError::InvalidTopicName(name.to_string()))?;
     let name = input::topic_name(Ok(Path(name)))?;
     input::query(RawQuery(uri.query().map(String::from)))?;
-    app.require_leader(&input::path_and_query(&uri))?;
+    app.require_leader_applied(&input::path_and_query(&uri)).await?;
     let record = active(&app, &name)?;
     let subscriber_id = input::percent_decoded(subscriber_id)
         .ok_or_else(|| ApiError::InvalidRequest(format!("subscriber id {subscriber_id:?} does not decode to UTF-8")))?;
