@@ -366,12 +366,18 @@ impl Client {
             attempts += 1;
             let node = self.next_node();
             let mut backoff = true;
-            let failure = match connect(self, &node, topic, subscriber_id, cursor).await {
-                Ok(mut socket) => match first_frame(&mut socket, self.timeout()).await {
-                    Ok(cursor) => return Ok((socket, cursor)),
-                    Err(failure) => failure,
-                },
-                Err(Refusal::Api(api)) if may_lag_behind(&api) => {
+            // Each attempt's handshake and first frame have their own timeouts, longer than
+            // what may be left of the operation's: the attempt ends with the operation.
+            let left = policy.operation_timeout.saturating_sub(started.elapsed());
+            let attempt = async {
+                let mut socket = connect(self, &node, topic, subscriber_id, cursor).await?;
+                let cursor = first_frame(&mut socket, self.timeout()).await?;
+                Ok((socket, cursor))
+            };
+            let failure = match tokio::time::timeout(left, attempt).await {
+                Ok(Ok(started)) => return Ok(started),
+                Err(elapsed) => Refusal::Transport { error: Box::new(elapsed), timeout: true },
+                Ok(Err(Refusal::Api(api))) if may_lag_behind(&api) => {
                     denied.insert(node.clone());
                     if self.every_node_in_once_learned(&denied, &mut learned).await {
                         return Err(Error::Api(api));
@@ -380,16 +386,17 @@ impl Client {
                     backoff = false;
                     Refusal::Api(api)
                 }
-                Err(Refusal::Api(api)) if api.status >= 500 => Refusal::Api(api),
-                Err(Refusal::Api(api)) => return Err(Error::Api(api)),
-                Err(Refusal::Transport { error, timeout }) => Refusal::Transport { error, timeout },
+                Ok(Err(Refusal::Api(api))) if api.status >= 500 => Refusal::Api(api),
+                Ok(Err(Refusal::Api(api))) => return Err(Error::Api(api)),
+                Ok(Err(Refusal::Transport { error, timeout })) => Refusal::Transport { error, timeout },
             };
             let elapsed = started.elapsed();
             if attempts >= policy.attempts_max || elapsed >= policy.operation_timeout {
                 return Err(failure.exhausted(attempts, elapsed));
             }
             if backoff {
-                tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng())).await;
+                let left = policy.operation_timeout.saturating_sub(elapsed);
+                tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng()).min(left)).await;
             }
         }
     }

@@ -824,3 +824,28 @@ async fn the_stream_ends_after_topic_deleted_on_a_connection_that_went_silent() 
     let end = tokio::time::timeout(limits::SUBSCRIPTION_CLOSE_TIMEOUT * 3, sub.next()).await;
     assert!(matches!(end, Ok(None)), "the stream did not end: {end:?}");
 }
+
+/// A node that takes the subscription and never sends its first frame holds an attempt for
+/// the client's whole request timeout; the first connection still ends with the operation's
+/// timeout, not an attempt's (or several) past it.
+#[tokio::test]
+async fn the_first_connection_ends_with_the_operation_timeout() {
+    let node = ws_node(Shared::default(), |_, socket, _| async move {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(socket);
+    })
+    .await;
+    let client = match crate::Client::builder([node])
+        .request_timeout(Duration::from_secs(10))
+        .operation_timeout(Duration::from_secs(1))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("client: {e}"),
+    };
+    let started = std::time::Instant::now();
+    let refused = client.subscribe("t", SubscribeOptions::new("s")).await;
+    assert!(refused.is_err(), "no subscription without its first frame");
+    // An attempt alone would take its 10 s; the margin is for a loaded machine.
+    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+}
