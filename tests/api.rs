@@ -1751,6 +1751,8 @@ async fn membership_changes_refuse_what_they_cannot_do() {
         (json!({"id": 2, "address": "127.0.0.1:1", "extra": true}), "invalid_request"),
         (json!({"id": 2, "address": c.nodes[0].addr}), "member_conflict"),
         (json!({"id": 1, "address": "127.0.0.1:1"}), "member_conflict"),
+        // The node is at 127.0.0.1: one on another host could not reach it.
+        (json!({"id": 2, "address": "10.9.9.9:8080"}), "member_conflict"),
     ] {
         let r = post(&members, &body).await.unwrap();
         let status = if code == "member_conflict" { 409 } else { 400 };

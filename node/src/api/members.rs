@@ -136,10 +136,25 @@ pub async fn add(
 }
 
 /// Refuses `id` at `address` when another member is at that address (dials to either would
-/// reach the one node there: a member that is never there), or `id` is a member elsewhere.
+/// reach the one node there: a member that is never there), or `id` is a member elsewhere, or
+/// one of the two addresses is loopback and the other is not: a node on another host cannot
+/// reach a member at 127.0.0.1 (a node started with no flags advertises 127.0.0.1:8080), and
+/// once leadership moved, that member would get nothing more.
 fn check_address(membership: &Membership<NodeId, Node>, id: NodeId, address: &str) -> Result<(), ApiError> {
     if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == address) {
         return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
+    }
+    let loopback = is_loopback(address);
+    if let Some((other, node)) =
+        membership.nodes().find(|(other, node)| **other != id && is_loopback(&node.addr) != loopback)
+    {
+        let (near, far) = if loopback { (address, node.addr.as_str()) } else { (node.addr.as_str(), address) };
+        return Err(ApiError::MemberConflict(format!(
+            "node-{other} is a member at {}, and {near} is a loopback address while {far} is not: a node at {far} \
+             could not reach {near}; every member of a cluster that spans hosts needs an address the others reach \
+             (start each node with --advertise HOST:PORT)",
+            node.addr
+        )));
     }
     match membership.get_node(&id) {
         Some(node) if node.addr != address => Err(ApiError::MemberConflict(format!(
@@ -238,6 +253,13 @@ fn short_of_majority(
         let silent: Vec<NodeId> = voters.iter().copied().filter(|&id| !live(id)).collect();
         ((voters.len() - silent.len()) * 2 <= voters.len()).then(|| (voters.clone(), silent))
     })
+}
+
+/// Whether a `HOST:PORT` address names this host's loopback (`localhost`, 127.0.0.0/8, `[::1]`).
+fn is_loopback(address: &str) -> bool {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The membership this node holds (the latest, committed or not) and where it was written.
@@ -380,6 +402,16 @@ mod tests {
 
     fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
         ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for address in ["127.0.0.1:8080", "127.0.1.1:1", "localhost:8080", "LOCALHOST:1", "[::1]:8080"] {
+            assert!(is_loopback(address), "{address}");
+        }
+        for address in ["10.0.0.2:8080", "node1:8080", "[2001:db8::1]:8080", "0.0.0.0:8080", "example.com:80"] {
+            assert!(!is_loopback(address), "{address}");
+        }
     }
 
     #[test]
