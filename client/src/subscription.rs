@@ -395,8 +395,13 @@ impl Client {
                 return Err(failure.exhausted(attempts, elapsed));
             }
             if backoff {
-                let left = policy.operation_timeout.saturating_sub(elapsed);
-                tokio::time::sleep(policy.backoff(attempts, &mut rand::thread_rng()).min(left)).await;
+                let wait = policy.backoff(attempts, &mut rand::thread_rng());
+                // Sleeping to the deadline would leave the next attempt no time at all: it would
+                // fail as a timeout and hide why this one failed.
+                if wait >= policy.operation_timeout.saturating_sub(elapsed) {
+                    return Err(failure.exhausted(attempts, elapsed));
+                }
+                tokio::time::sleep(wait).await;
             }
         }
     }

@@ -196,11 +196,13 @@ impl App {
     /// own first entry, once applied, marks the end of that; it is waited for, at most
     /// [`LEADER_CATCH_UP_TIMEOUT`], then `503 no_leader`.
     pub async fn require_leader_applied(&self, path_and_query: &str) -> Result<(), ApiError> {
+        // Not leading (or cut off from its quorum): the redirect or `no_leader` at once.
+        self.require_leader(path_and_query)?;
         let caught_up = |m: &RaftMetrics<NodeId, raft_store::Node>| {
             m.state != ServerState::Leader || m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term)
         };
         if caught_up(&self.raft.metrics().borrow()) {
-            return self.require_leader(path_and_query);
+            return Ok(());
         }
         match self.raft.wait(Some(LEADER_CATCH_UP_TIMEOUT)).metrics(caught_up, "applied its own first entry").await {
             Ok(_) => self.require_leader(path_and_query),

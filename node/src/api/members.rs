@@ -137,17 +137,23 @@ pub async fn add(
 
 /// Refuses `id` at `address` when another member is at that address (dials to either would
 /// reach the one node there: a member that is never there), or `id` is a member elsewhere, or
-/// one of the two addresses is loopback and the other is not: a node on another host cannot
-/// reach a member at 127.0.0.1 (a node started with no flags advertises 127.0.0.1:8080), and
-/// once leadership moved, that member would get nothing more.
+/// `address` is loopback and the other members are all elsewhere, or the reverse: a node on
+/// another host cannot reach a member at 127.0.0.1 (a node started with no flags advertises
+/// 127.0.0.1:8080), and once leadership moved, that member would get nothing more.
 fn check_address(membership: &Membership<NodeId, Node>, id: NodeId, address: &str) -> Result<(), ApiError> {
     if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == address) {
         return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
     }
+    // Only a new address, and only against members that agree among themselves: a membership
+    // mixed already (grown before this check, or from mixed `--peers`) still takes the same
+    // request again and the promotion of its learners.
     let loopback = is_loopback(address);
-    if let Some((other, node)) =
-        membership.nodes().find(|(other, node)| **other != id && is_loopback(&node.addr) != loopback)
-    {
+    let others: Vec<(NodeId, &Node)> =
+        membership.nodes().filter(|(other, _)| **other != id).map(|(other, node)| (*other, node)).collect();
+    let known_here = membership.get_node(&id).is_some_and(|node| node.addr == address);
+    let kinds: BTreeSet<bool> = others.iter().map(|(_, node)| is_loopback(&node.addr)).collect();
+    let refused = !known_here && kinds.len() == 1 && !kinds.contains(&loopback);
+    if let (true, Some((other, node))) = (refused, others.first()) {
         let (near, far) = if loopback { (address, node.addr.as_str()) } else { (node.addr.as_str(), address) };
         return Err(ApiError::MemberConflict(format!(
             "node-{other} is a member at {}, and {near} is a loopback address while {far} is not: a node at {far} \
@@ -412,6 +418,28 @@ mod tests {
         for address in ["10.0.0.2:8080", "node1:8080", "[2001:db8::1]:8080", "0.0.0.0:8080", "example.com:80"] {
             assert!(!is_loopback(address), "{address}");
         }
+    }
+
+    fn membership(nodes: &[(NodeId, &str)]) -> Membership<NodeId, Node> {
+        let voters = nodes.iter().map(|(id, _)| *id).collect();
+        let nodes: std::collections::BTreeMap<NodeId, Node> =
+            nodes.iter().map(|(id, addr)| (*id, Node { addr: addr.to_string() })).collect();
+        Membership::new(vec![voters], nodes)
+    }
+
+    #[test]
+    fn a_loopback_address_is_not_mixed_into_a_membership_elsewhere_nor_the_reverse() {
+        let local = membership(&[(1, "127.0.0.1:8080")]);
+        assert!(matches!(check_address(&local, 2, "10.0.0.2:8080"), Err(ApiError::MemberConflict(_))));
+        assert!(check_address(&local, 2, "127.0.0.1:8081").is_ok());
+        let spread = membership(&[(1, "node1:8080"), (2, "node2:8080")]);
+        assert!(matches!(check_address(&spread, 3, "localhost:8083"), Err(ApiError::MemberConflict(_))));
+        assert!(check_address(&spread, 3, "node3:8080").is_ok());
+        // Mixed already (grown before the check): the same request again, and other additions,
+        // are not refused for it.
+        let mixed = membership(&[(1, "127.0.0.1:8080"), (2, "10.0.0.2:8080")]);
+        assert!(check_address(&mixed, 2, "10.0.0.2:8080").is_ok());
+        assert!(check_address(&mixed, 3, "10.0.0.3:8080").is_ok());
     }
 
     #[test]
