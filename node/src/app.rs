@@ -179,7 +179,11 @@ impl App {
 
     /// Ok when this node leads; otherwise the redirect (or 503) a write must answer.
     pub fn require_leader(&self, path_and_query: &str) -> Result<(), ApiError> {
-        match self.leadership() {
+        self.require_leadership(self.leadership(), path_and_query)
+    }
+
+    fn require_leadership(&self, leadership: Leadership, path_and_query: &str) -> Result<(), ApiError> {
+        match leadership {
             Leadership::Me => Ok(()),
             Leadership::Other { id, addr } => Err(ApiError::NotLeader {
                 leader_id: id,
@@ -196,12 +200,18 @@ impl App {
     /// own first entry, once applied, marks the end of that; it is waited for, at most
     /// [`LEADER_CATCH_UP_TIMEOUT`], then `503 no_leader`.
     pub async fn require_leader_applied(&self, path_and_query: &str) -> Result<(), ApiError> {
-        // Not leading (or cut off from its quorum): the redirect or `no_leader` at once.
-        self.require_leader(path_and_query)?;
         let caught_up = |m: &RaftMetrics<NodeId, raft_store::Node>| {
             m.state != ServerState::Leader || m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term)
         };
-        if caught_up(&self.raft.metrics().borrow()) {
+        // One read of the metrics on every write. Not leading (or cut off from its quorum):
+        // the redirect or `no_leader` at once.
+        let metrics = self.raft.metrics();
+        let ready = {
+            let m = metrics.borrow();
+            self.require_leadership(self.leadership_in(&m), path_and_query)?;
+            caught_up(&m)
+        };
+        if ready {
             return Ok(());
         }
         match self.raft.wait(Some(LEADER_CATCH_UP_TIMEOUT)).metrics(caught_up, "applied its own first entry").await {

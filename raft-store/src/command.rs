@@ -241,6 +241,21 @@ pub struct TopicRecord {
 }
 
 impl TopicRecord {
+    /// A topic just created: no message yet.
+    pub fn new(id: u64, name: &str, created_at: u64, metadata: Option<Arc<str>>, retention: Retention) -> Self {
+        Self {
+            id,
+            name: name.to_string(),
+            created_at,
+            metadata,
+            retention,
+            deleted: false,
+            current_sequence: 0,
+            first_sequence: 1,
+            bytes: 0,
+        }
+    }
+
     /// Messages currently retained.
     pub fn message_count(&self) -> u64 {
         self.current_sequence + 1 - self.first_sequence

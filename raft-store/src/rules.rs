@@ -205,17 +205,7 @@ fn create_topic(
     }
     topics.metadata_bytes += new_len;
     topics.next_topic_id += 1;
-    let record = TopicRecord {
-        id: topics.next_topic_id,
-        name: name.to_string(),
-        created_at: now_ms,
-        metadata: metadata.as_deref().map(Arc::from),
-        retention,
-        deleted: false,
-        current_sequence: 0,
-        first_sequence: 1,
-        bytes: 0,
-    };
+    let record = TopicRecord::new(topics.next_topic_id, name, now_ms, metadata.as_deref().map(Arc::from), retention);
     topics.by_name.insert(name.to_string(), record);
     (Response::TopicCreated { created: true }, vec![name.to_string()])
 }

@@ -197,15 +197,10 @@ mod tests {
 
     fn record(first_sequence: u64, current_sequence: u64, deleted: bool) -> raft_store::TopicRecord {
         raft_store::TopicRecord {
-            id: 1,
-            name: "t".into(),
-            created_at: 0,
-            metadata: None,
-            retention: Default::default(),
             deleted,
             current_sequence,
             first_sequence,
-            bytes: 0,
+            ..raft_store::TopicRecord::new(1, "t", 0, None, Default::default())
         }
     }
 

@@ -141,17 +141,7 @@ mod tests {
     use super::*;
 
     fn record(current_sequence: u64, deleted: bool) -> TopicRecord {
-        TopicRecord {
-            id: 1,
-            name: "t".into(),
-            created_at: 0,
-            metadata: None,
-            retention: Default::default(),
-            deleted,
-            current_sequence,
-            first_sequence: 1,
-            bytes: 0,
-        }
+        TopicRecord { deleted, current_sequence, ..TopicRecord::new(1, "t", 0, None, Default::default()) }
     }
 
     /// A node at 9 in the topic's life, and what it applies after: the deletion at 10 alone,
