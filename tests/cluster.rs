@@ -40,6 +40,9 @@ async fn publish_each(c: &Cluster, prefix: &str, range: std::ops::Range<u64>, ac
 struct Load {
     /// Every acknowledged publish: id → sequence.
     acked: Arc<Mutex<HashMap<String, u64>>>,
+    /// When the last publish was acknowledged, and the longest time without one since
+    /// [`Load::longest_pause_from_now`] last started it over.
+    pauses: Arc<Mutex<(std::time::Instant, Duration)>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -48,6 +51,16 @@ impl Load {
     /// Publishes acknowledged so far.
     fn acked_count(&self) -> usize {
         self.acked.lock().unwrap().len()
+    }
+
+    /// Starts measuring the longest time without an acknowledged publish over.
+    fn longest_pause_from_now(&self) {
+        *self.pauses.lock().unwrap() = (std::time::Instant::now(), Duration::ZERO);
+    }
+
+    /// The longest time without an acknowledged publish since it was last started over.
+    fn longest_pause(&self) -> Duration {
+        self.pauses.lock().unwrap().1
     }
 
     /// Stops publishing and returns every acknowledged publish.
@@ -64,23 +77,28 @@ impl Load {
 /// Runs `publishers` tasks publishing unique ids until the load is finished.
 fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
     let acked = Arc::new(Mutex::new(HashMap::new()));
+    let pauses = Arc::new(Mutex::new((std::time::Instant::now(), Duration::ZERO)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tasks = (0..publishers)
         .map(|p| {
             let (urls, topic, acked, stop) = (c.urls(), topic.to_string(), acked.clone(), stop.clone());
+            let pauses = pauses.clone();
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let id = format!("p{p}-{n}");
                     if let Some(seq) = publish_retrying(&urls, &topic, &id, &json!({"p": p, "n": n}), CONVERGE).await {
                         acked.lock().unwrap().insert(id, seq);
+                        let mut pauses = pauses.lock().unwrap();
+                        let pause = pauses.0.elapsed();
+                        *pauses = (std::time::Instant::now(), pauses.1.max(pause));
                     }
                     n += 1;
                 }
             })
         })
         .collect();
-    Load { acked, stop, tasks }
+    Load { acked, pauses, stop, tasks }
 }
 
 /// The Raft term node `i` reports.
@@ -370,6 +388,7 @@ async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() 
 
     let old = c.wait_leader(CONVERGE).await;
     let old_term = raft_term(&c, old).await;
+    load.longest_pause_from_now();
     let stopped_at = std::time::Instant::now();
     let (c, code) = tokio::task::spawn_blocking(move || {
         let code = c.terminate(old);
@@ -387,6 +406,9 @@ async fn a_leader_stopped_with_sigterm_hands_over_before_any_election_timeout() 
 
     let before = load.acked_count();
     wait_acks(&load.acked, before + 50).await;
+    // What a rolling restart costs writers: the stop's drain, the hand-over, and the retries'
+    // 50 ms sleeps (a figure to read, not a bound: the machine is shared).
+    eprintln!("longest time without an acknowledged publish: {:?}", load.longest_pause());
     let acked = load.finish().await;
     assert_converged(&c, "t", &acked).await;
 }

@@ -271,6 +271,29 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
     Ok(peers)
 }
 
+/// Refuses `--peers` that mix loopback addresses with others: a node on another host cannot
+/// dial a peer at 127.0.0.1, so the cluster would elect a leader that node never hears, or
+/// none. The membership API refuses the same mix. Asked only of a node whose log is empty
+/// (`lib.rs`): a cluster already formed so (on one host, or before this check) still starts.
+pub fn refuse_mixed_loopback(peers: &BTreeMap<u64, String>) -> Result<(), ConfigError> {
+    let loopback = peers.iter().find(|(_, addr)| is_loopback(addr));
+    let elsewhere = peers.iter().find(|(_, addr)| !is_loopback(addr));
+    match (loopback, elsewhere) {
+        (Some((near, near_addr)), Some((far, far_addr))) => Err(ConfigError::Peers(format!(
+            "node {near} is at {near_addr}, a loopback address, and node {far} at {far_addr}, which is not: a \
+             node at {far_addr} could not reach {near_addr}; give every node an address the others reach"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a `HOST:PORT` address names this host's loopback (`localhost`, 127.0.0.0/8, `[::1]`).
+pub fn is_loopback(address: &str) -> bool {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,5 +416,29 @@ mod tests {
         }
         let err = Config::from_flags(flags(&["--id", "4", "--peers", "1=a:1,2=b:2"])).unwrap_err();
         assert!(matches!(err, ConfigError::IdNotInPeers { .. }));
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for address in ["127.0.0.1:8080", "127.0.1.1:1", "localhost:8080", "LOCALHOST:1", "[::1]:8080"] {
+            assert!(is_loopback(address), "{address}");
+        }
+        for address in ["10.0.0.2:8080", "node1:8080", "[2001:db8::1]:8080", "0.0.0.0:8080", "example.com:80"] {
+            assert!(!is_loopback(address), "{address}");
+        }
+    }
+
+    /// Peers at loopback addresses and elsewhere could not all reach each other; all of one
+    /// kind is fine.
+    #[test]
+    fn peers_mixing_loopback_and_other_addresses_are_refused() {
+        let peers_of = |text: &str| Config::from_flags(flags(&["--peers", text])).unwrap().peers;
+        for mixed in ["1=127.0.0.1:8081,2=node2:8080", "1=node1:8080,2=localhost:8082,3=node3:8080"] {
+            let err = refuse_mixed_loopback(&peers_of(mixed)).unwrap_err();
+            assert!(matches!(&err, ConfigError::Peers(e) if e.contains("loopback")), "{mixed}: {err}");
+        }
+        for fine in ["1=127.0.0.1:8081,2=localhost:8082,3=[::1]:8083", "1=node1:8080,2=10.0.0.2:8080"] {
+            assert!(refuse_mixed_loopback(&peers_of(fine)).is_ok(), "{fine}");
+        }
     }
 }

@@ -73,6 +73,8 @@ pub enum NodeError {
     ForcedAlready { path: String, marker: String },
     #[error("data dir {path} holds no log: --force-new-cluster recovers a node that has one")]
     NothingToForce { path: String },
+    #[error("{0}")]
+    Config(#[from] ConfigError),
     #[error("raft: {0}")]
     Raft(String),
     #[error("serve: {0}")]
@@ -351,6 +353,7 @@ async fn bootstrap(config: &Config, raft: &Raft) -> Result<(), NodeError> {
     if initialized {
         return check_peers(config, raft);
     }
+    config::refuse_mixed_loopback(&config.peers)?;
     if !config.is_bootstrapper() {
         return Ok(());
     }

@@ -396,6 +396,14 @@ pub const PEER_STALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest a dial to a peer may take.
 pub const PEER_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long openraft waits before trying a peer it could not reach again: the first wait,
+/// doubled after each failure up to [`PEER_BACKOFF_MAX`]. Each failure is logged by openraft
+/// (three lines); the cap bounds both that noise and how long a peer that came back waits for
+/// its leader's next heartbeat (at most the default election timeout, which it would
+/// otherwise spend in vain pre-votes).
+pub const PEER_BACKOFF_FIRST: Duration = Duration::from_millis(250);
+pub const PEER_BACKOFF_MAX: Duration = Duration::from_millis(ELECTION_TIMEOUT_MS_DEFAULT);
+
 /// Added to openraft's deadline for an RPC, so that its own timer, not the transport's,
 /// ends a call it bounds itself.
 pub const PEER_CALL_TIMEOUT_MARGIN: Duration = Duration::from_millis(50);

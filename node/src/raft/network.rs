@@ -19,7 +19,7 @@ use axum::http::HeaderValue;
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use openraft::error::{NetworkError, PayloadTooLarge, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use raft_store::typ::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
     RPCError, VoteRequest, VoteResponse,
@@ -35,8 +35,8 @@ use tokio_tungstenite::tungstenite::Message;
 use super::codec::{decode, encode, frame_id, Frame, RpcRequest, RpcResponse};
 use super::CLUSTER_ID_HEADER;
 use crate::limits::{
-    APPEND_ENTRIES_BYTES_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT, PEER_QUEUE_LEN, PEER_STALL_TIMEOUT,
-    RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
+    APPEND_ENTRIES_BYTES_MAX, PEER_BACKOFF_FIRST, PEER_BACKOFF_MAX, PEER_CALL_TIMEOUT_MARGIN, PEER_DIAL_TIMEOUT,
+    PEER_QUEUE_LEN, PEER_STALL_TIMEOUT, RAFT_MESSAGE_BYTES_MAX, RAFT_READ_BUFFER_BYTES,
 };
 use crate::net::{BoxedStream, Env};
 
@@ -100,7 +100,7 @@ impl PeerPool {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns
             .entry((target, addr.to_string()))
-            .or_insert_with(|| PeerConn::spawn(self.env.clone(), addr.to_string(), self.intro.clone()))
+            .or_insert_with(|| PeerConn::spawn(self.env.clone(), target, addr.to_string(), self.intro.clone()))
             .clone()
     }
 }
@@ -115,17 +115,28 @@ struct Outgoing {
 pub struct PeerConn {
     queue: mpsc::Sender<Outgoing>,
     next_id: AtomicU64,
+    /// While the connection task dials again after a dial that failed: why that one failed.
+    redialing: Arc<Mutex<Option<String>>>,
 }
 
 impl PeerConn {
-    fn spawn(env: Env, addr: String, intro: Introduction) -> Arc<Self> {
+    fn spawn(env: Env, target: NodeId, addr: String, intro: Introduction) -> Arc<Self> {
         let (queue, rx) = mpsc::channel(PEER_QUEUE_LEN);
-        tokio::spawn(run_conn(env, addr, intro, rx));
-        Arc::new(Self { queue, next_id: AtomicU64::new(1) })
+        let redialing = Arc::new(Mutex::new(None));
+        tokio::spawn(run_conn(env, Peer { id: target, addr }, intro, rx, redialing.clone()));
+        Arc::new(Self { queue, next_id: AtomicU64::new(1), redialing })
     }
 
     /// Sends `request` and waits at most `timeout` for its response.
+    ///
+    /// Fails at once, unreachable, while the peer is being dialed again after a failed dial:
+    /// against a blackholed address a dial lasts up to [`PEER_DIAL_TIMEOUT`], longer than a
+    /// heartbeat's deadline, so each heartbeat would time out instead, which openraft retries
+    /// at once (logging each) rather than backing off as it does from an unreachable peer.
     pub async fn call(&self, request: RpcRequest, timeout: Duration) -> Result<RpcResponse, TransportError> {
+        if let Some(reason) = self.redialing.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Err(TransportError::Unreachable(format!("{reason} (dialing again)")));
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode(&Frame { id, body: request }).map_err(|e| TransportError::Network(e.to_string()))?;
         let (reply, response) = oneshot::channel();
@@ -137,6 +148,52 @@ impl PeerConn {
             response.await.map_err(|_| TransportError::Network("connection dropped the request".into()))?
         };
         tokio::time::timeout(timeout, exchange).await.map_err(|_| TransportError::Timeout(timeout))?
+    }
+}
+
+/// The peer a connection goes to.
+struct Peer {
+    id: NodeId,
+    addr: String,
+}
+
+/// Whether a peer could be reached, as the operator should hear of it: once when it cannot
+/// be, once when it can again, not at every retry (openraft logs those).
+#[derive(Default)]
+struct Reachability {
+    /// A dial ever succeeded.
+    reached: bool,
+    /// Since when dials fail, and the last one's error.
+    failing: Option<(Instant, String)>,
+}
+
+impl Reachability {
+    fn dial_failed(&mut self, peer: &Peer, error: &TransportError) {
+        let reason = match error {
+            TransportError::Unreachable(reason) | TransportError::Network(reason) => reason.clone(),
+            TransportError::Timeout(_) => error.to_string(),
+        };
+        if self.failing.is_none() {
+            if self.reached {
+                tracing::warn!(peer = peer.id, addr = %peer.addr, %reason, "lost the connection to a peer; dialing it again");
+            } else {
+                tracing::info!(peer = peer.id, addr = %peer.addr, %reason, "cannot reach a peer yet; dialing it again");
+            }
+        }
+        let since = self.failing.take().map_or_else(Instant::now, |(since, _)| since);
+        self.failing = Some((since, reason));
+    }
+
+    fn dialed(&mut self, peer: &Peer) {
+        if let Some((since, _)) = self.failing.take() {
+            let after = format!("{:.1?}", since.elapsed());
+            tracing::info!(peer = peer.id, addr = %peer.addr, %after, "reached the peer");
+        }
+        self.reached = true;
+    }
+
+    fn last_error(&self) -> Option<&str> {
+        self.failing.as_ref().map(|(_, reason)| reason.as_str())
     }
 }
 
@@ -177,22 +234,45 @@ async fn dial(
 }
 
 /// The connection task: dial on demand, pump requests out and responses back.
-async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Receiver<Outgoing>) {
+async fn run_conn(
+    env: Env,
+    peer: Peer,
+    intro: Introduction,
+    mut rx: mpsc::Receiver<Outgoing>,
+    redialing: Arc<Mutex<Option<String>>>,
+) {
+    let addr = &peer.addr;
+    let mut reachability = Reachability::default();
+    // A request held back from a connection being closed, to go first on the next one.
+    let mut carried: Option<Outgoing> = None;
     loop {
-        let Some(first) = rx.recv().await else { return };
+        let first = match carried.take() {
+            Some(out) => out,
+            None => match rx.recv().await {
+                Some(out) => out,
+                None => return,
+            },
+        };
         let progress = WriteProgress::new();
-        let (ws, presented_id) =
-            match tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, &addr, &intro, &progress)).await {
-                Ok(Ok(dialed)) => dialed,
-                Ok(Err(e)) => {
-                    fail_queued(first, &mut rx, e);
-                    continue;
-                }
-                Err(_) => {
-                    fail_queued(first, &mut rx, TransportError::Unreachable(format!("{addr}: dial timed out")));
-                    continue;
-                }
-            };
+        let set_redialing = |reason: Option<&str>| {
+            *redialing.lock().unwrap_or_else(|e| e.into_inner()) = reason.map(str::to_string);
+        };
+        set_redialing(reachability.last_error());
+        let dialed = tokio::time::timeout(PEER_DIAL_TIMEOUT, dial(&env, addr, &intro, &progress))
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Unreachable(format!("{addr}: dial timed out"))));
+        set_redialing(None);
+        let (ws, presented_id) = match dialed {
+            Ok(dialed) => {
+                reachability.dialed(&peer);
+                dialed
+            }
+            Err(e) => {
+                reachability.dial_failed(&peer, &e);
+                fail_queued(first, &mut rx, e);
+                continue;
+            }
+        };
         tracing::debug!(peer = %addr, "raft connection open");
         let (mut sink, mut stream) = ws.split();
         let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> = HashMap::new();
@@ -210,6 +290,16 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
             if let Some(out) = next.take() {
                 if out.reply.is_closed() {
                     continue;
+                }
+                // Dialed before this node knew its cluster's id (a new cluster's first
+                // election): the peer could not check it, and a node of another cluster at
+                // that address would take our entries for as long as the connection lasts; a
+                // peer of ours that knows the id by now closes it at its next request. Dialed
+                // again between requests, no caller sees the connection end.
+                pending.retain(|_, reply| !reply.is_closed());
+                if !presented_id && pending.is_empty() && (intro.cluster_id)().is_some() {
+                    carried = Some(out);
+                    break "dialing again to present the cluster id, known now".into();
                 }
                 let was_idle = pending.is_empty() && !unanswered;
                 pending.insert(out.id, out.reply);
@@ -263,14 +353,12 @@ async fn run_conn(env: Env, addr: String, intro: Introduction, mut rx: mpsc::Rec
                     None => return,
                 },
                 _ = check.tick() => {
-                    // Dialed before this node knew its cluster's id (a new cluster's first
-                    // election): the peer could not check it, and a node of another cluster
-                    // at that address would take our entries for as long as the connection
-                    // lasts. Dialed again, the id goes with it.
-                    if !presented_id && (intro.cluster_id)().is_some() {
+                    pending.retain(|_, reply| !reply.is_closed());
+                    // As before a request, for a connection that has none to send: a caller
+                    // waiting for an answer keeps it until answered.
+                    if !presented_id && pending.is_empty() && (intro.cluster_id)().is_some() {
                         break "dialing again to present the cluster id, known now".into();
                     }
-                    pending.retain(|_, reply| !reply.is_closed());
                     if pending.is_empty() && !unanswered {
                         continue;
                     }
@@ -474,11 +562,21 @@ impl PeerClient {
     }
 }
 
+fn backoff_waits() -> impl Iterator<Item = Duration> + Send + 'static {
+    std::iter::successors(Some(PEER_BACKOFF_FIRST), |wait| Some((*wait * 2).min(PEER_BACKOFF_MAX)))
+}
+
 fn unexpected<E: std::error::Error>() -> RPCError<E> {
     transport_error(TransportError::Network("mismatched response type".into()))
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
+    /// Doubling waits, from the first to the longest (openraft's default waits 500 ms each
+    /// time, so a peer that is down logs four errors a second for as long as it is down).
+    fn backoff(&self) -> Backoff {
+        Backoff::new(backoff_waits())
+    }
+
     async fn append_entries(
         &mut self,
         req: AppendEntriesRequest,
@@ -578,27 +676,30 @@ mod tests {
     async fn peer_that_answers_after(delay: Duration) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let Ok(ws) = tokio_tungstenite::accept_async(stream).await else { continue };
-                let (sink, mut stream) = ws.split();
-                let sink = Arc::new(tokio::sync::Mutex::new(sink));
-                tokio::spawn(async move {
-                    while let Some(Ok(message)) = stream.next().await {
-                        let Message::Binary(bytes) = message else { continue };
-                        let id = decode::<RpcRequest>(&bytes).unwrap().id;
-                        let sink = sink.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(delay).await;
-                            let body = RpcResponse::Forward(Err(super::super::codec::ForwardError::NotLeader));
-                            let answer = encode(&Frame { id, body }).unwrap();
-                            let _ = sink.lock().await.send(Message::Binary(answer.into())).await;
-                        });
-                    }
-                });
-            }
-        });
+        tokio::spawn(answer_after(listener, delay));
         addr
+    }
+
+    /// Serves `listener` as [`peer_that_answers_after`] does.
+    async fn answer_after(listener: TcpListener, delay: Duration) {
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+            let (sink, mut stream) = ws.split();
+            let sink = Arc::new(tokio::sync::Mutex::new(sink));
+            tokio::spawn(async move {
+                while let Some(Ok(message)) = stream.next().await {
+                    let Message::Binary(bytes) = message else { continue };
+                    let id = decode::<RpcRequest>(&bytes).unwrap().id;
+                    let sink = sink.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let body = RpcResponse::Forward(Err(super::super::codec::ForwardError::NotLeader));
+                        let answer = encode(&Frame { id, body }).unwrap();
+                        let _ = sink.lock().await.send(Message::Binary(answer.into())).await;
+                    });
+                }
+            });
+        }
     }
 
     fn anonymous() -> Introduction {
@@ -700,6 +801,50 @@ mod tests {
             // Longer than the stall check's period, so that no caller is waiting at its ticks.
             tokio::time::sleep(PEER_STALL_TIMEOUT / 2).await;
         }
+    }
+
+    /// A peer whose dial failed is, while it is dialed again, unreachable at once for other
+    /// requests: against an address that never answers (blackholed) a dial outlasts a
+    /// heartbeat's deadline, and a timeout would make openraft retry at once instead of backing
+    /// off. Once the peer answers, requests go through again.
+    #[tokio::test]
+    async fn requests_while_a_failed_peer_is_dialed_again_are_unreachable_at_once() {
+        // Connections complete in the listen queue, but no WebSocket handshake is answered
+        // until the peer starts serving.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let pool = PeerPool::new(Env::production(None), anonymous());
+        let conn = pool.conn(2, &addr);
+        let first = conn.call(forward_of(1), PEER_DIAL_TIMEOUT * 2).await;
+        assert!(matches!(&first, Err(TransportError::Unreachable(e)) if e.contains("dial timed out")), "{first:?}");
+
+        // The next request dials again and waits for it, as a request to a peer not known to
+        // be down should; the one after does not wait.
+        let second = conn.call(forward_of(1), Duration::from_millis(200)).await;
+        assert!(matches!(second, Err(TransportError::Timeout(_))), "{second:?}");
+        let started = Instant::now();
+        let third = conn.call(forward_of(1), PEER_DIAL_TIMEOUT * 2).await;
+        assert!(matches!(&third, Err(TransportError::Unreachable(e)) if e.contains("dialing again")), "{third:?}");
+        assert!(started.elapsed() < Duration::from_millis(100), "waited {:?}", started.elapsed());
+
+        tokio::spawn(answer_after(listener, Duration::ZERO));
+        let deadline = Instant::now() + PEER_DIAL_TIMEOUT * 3;
+        loop {
+            match conn.call(forward_of(1), Duration::from_millis(500)).await {
+                Ok(answer) => break assert!(matches!(answer, RpcResponse::Forward(Err(_))), "{answer:?}"),
+                Err(e) => assert!(Instant::now() < deadline, "the peer serves but requests still fail: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// openraft backs off from an unreachable peer by doubling waits, up to a cap.
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let waits: Vec<u64> = backoff_waits().take(6).map(|d| d.as_millis() as u64).collect();
+        let (first, max) = (PEER_BACKOFF_FIRST.as_millis() as u64, PEER_BACKOFF_MAX.as_millis() as u64);
+        assert_eq!(waits[..4], [first, first * 2, first * 4, first * 8].map(|w| w.min(max)));
+        assert_eq!(waits[4..], [max, max]);
     }
 
     /// A peer whose Raft stopped answers `Fatal` at once: openraft must back off, not resend.

@@ -1738,7 +1738,9 @@ where
         };
 
         if Some(sender_vote) != my_vote.as_ref() {
-            tracing::warn!(
+            // PATCHED (pubsub-raft): debug, not warn: every election ends so on some node (an
+            // answer that comes after the election was decided), and a warning says otherwise.
+            tracing::debug!(
                 "A message will be ignored because vote changed: msg sent by vote: {}; current my vote: {}; when ({})",
                 sender_vote,
                 my_vote.display(),

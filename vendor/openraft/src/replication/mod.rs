@@ -265,7 +265,14 @@ where
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(error=%err, "error replication to target={}", self.target);
+                    // PATCHED (pubsub-raft): a peer that cannot be reached is reported by the
+                    // transport, once when it goes and once when it is back; at every try of the
+                    // backoff this logged five lines, for as long as the peer was down.
+                    if matches!(err, ReplicationError::RPCError(RPCError::Unreachable(_))) {
+                        tracing::debug!(error=%err, "error replication to target={}", self.target);
+                    } else {
+                        tracing::warn!(error=%err, "error replication to target={}", self.target);
+                    }
 
                     match err {
                         ReplicationError::Closed(closed) => {
@@ -291,7 +298,8 @@ where
                             return Ok(());
                         }
                         ReplicationError::RPCError(err) => {
-                            tracing::error!(err = display(&err), "RPCError");
+                            // PATCHED (pubsub-raft): logged just above, at warn unless unreachable.
+                            tracing::debug!(err = display(&err), "RPCError");
 
                             let retry = match &err {
                                 RPCError::Timeout(_) => false,
@@ -611,7 +619,8 @@ where
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn backoff_drain_events(&mut self, until: InstantOf<C>) -> Result<(), ReplicationClosed> {
         let d = until - C::now();
-        tracing::warn!(
+        // PATCHED (pubsub-raft): debug, not warn: only an unreachable peer brings it here.
+        tracing::debug!(
             interval = debug(d),
             "{} backoff mode: drain events without processing them",
             func_name!()

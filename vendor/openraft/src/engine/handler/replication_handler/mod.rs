@@ -284,14 +284,15 @@ where C: RaftTypeConfig
                 self.update_success_progress(target.clone(), request_id, p);
             }
             Err(err_str) => {
-                tracing::warn!(
+                // PATCHED (pubsub-raft): debug, not warn: the replication task logged the error.
+                tracing::debug!(
                     request_id = display(request_id),
                     result = display(&err_str),
                     "update progress error"
                 );
 
                 if request_id == RequestId::HeartBeat {
-                    tracing::warn!("heartbeat error: {}, no update to inflight data", err_str);
+                    tracing::debug!("heartbeat error: {}, no update to inflight data", err_str);
                 } else {
                     // Reset inflight state and it will retry.
                     let p = self.leader.progress.get_mut(&target).unwrap();
