@@ -1150,9 +1150,10 @@ async fn a_subscription_started_on_a_deleted_topic_goes_on_if_it_is_created_agai
 }
 
 /// A publish frame over the size limit is answered `payload_too_large` before the connection
-/// closes, as the same body is answered 413 over HTTP (API.md §8).
+/// closes, as the same body is answered 413 over HTTP (API.md §8); a text frame that is not
+/// UTF-8 (so not JSON) is answered `invalid_request` before a 1007 close (RFC 6455 §8.1).
 #[tokio::test]
-async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
+async fn a_publish_frame_over_the_size_limit_or_not_utf8_is_answered_before_the_close() {
     let c = Cluster::start(Options::default()).await;
     let l = leader_url(&c).await;
     let mut ws = publishing_socket(&l, "big").await;
@@ -1162,6 +1163,20 @@ async fn a_publish_frame_over_the_size_limit_is_answered_before_the_close() {
     let answer = next_frame(&mut ws).await;
     assert_eq!((&answer["type"], &answer["error"]), (&json!("error"), &json!("payload_too_large")), "{answer}");
     assert_eq!(next_frame(&mut ws).await, json!({"closed": 1009}), "then a close that says why");
+    let r = get(&format!("{l}/topics/big")).await.unwrap();
+    assert_eq!(r.body["current_sequence"], 0, "nothing was stored");
+
+    use tokio_tungstenite::tungstenite::protocol::frame::{coding::OpCode, Frame};
+    let mut ws = publishing_socket(&l, "big").await;
+    let not_utf8 = Frame::message(
+        b"{\"type\":\"publish\",\"ref\":1,\"payload\":\"\xff\"}".to_vec(),
+        OpCode::Data(tokio_tungstenite::tungstenite::protocol::frame::coding::Data::Text),
+        true,
+    );
+    ws.send(Message::Frame(not_utf8)).await.unwrap();
+    let answer = next_frame(&mut ws).await;
+    assert_eq!((&answer["error"], &answer["ref"]), (&json!("invalid_request"), &Value::Null), "{answer}");
+    assert_eq!(next_frame(&mut ws).await, json!({"closed": 1007}), "then a close that says why");
     let r = get(&format!("{l}/topics/big")).await.unwrap();
     assert_eq!(r.body["current_sequence"], 0, "nothing was stored");
 }

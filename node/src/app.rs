@@ -43,9 +43,9 @@ pub struct App {
     /// (topic, id) of single publishes proposed on this node and not yet answered: a second
     /// publish of the same id meanwhile is a duplicate even though it has no sequence yet.
     pub inflight: Mutex<HashSet<(String, String)>>,
-    /// Leaderless spells long enough to move this node's subscriptions elsewhere
-    /// (`subscribe/leaderless.rs`): a session closes when it moves.
-    pub leaderless_spells: tokio::sync::watch::Sender<u64>,
+    /// When the last leaderless spell long enough to move this node's subscriptions elsewhere
+    /// began (`subscribe/leaderless.rs`): a session open then closes when it is marked.
+    pub leaderless_spells: tokio::sync::watch::Sender<Option<tokio::time::Instant>>,
     /// When this node last took an AppendEntries or a snapshot from its leader: with pre-vote
     /// a follower cut off from the others keeps its leader (and term) until it hears another.
     pub leader_heard: Mutex<tokio::time::Instant>,

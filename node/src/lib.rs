@@ -145,7 +145,7 @@ where
         frames: Default::default(),
         inflight: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
-        leaderless_spells: tokio::sync::watch::Sender::new(0),
+        leaderless_spells: tokio::sync::watch::Sender::new(None),
         leader_heard: Mutex::new(tokio::time::Instant::now()),
         subscriptions: AtomicUsize::new(0),
         publishing_connections: Arc::new(tokio::sync::Semaphore::new(limits::PUBLISH_WS_CONNECTIONS_MAX)),

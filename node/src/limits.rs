@@ -34,8 +34,11 @@ pub const ERROR_MESSAGE_CHARS_MAX: usize = 1024;
 pub const PUBLISH_WS_ERROR_TEXT_CHARS_MAX: usize = 200;
 /// How often a publishing WebSocket pings its client, and how long it waits to read anything
 /// (a frame, a pong) before it closes the connection: a half-open connection, or one that sent
-/// part of a frame and stopped, would otherwise hold its buffers and tasks for good.
-pub const PUBLISH_WS_PING_INTERVAL: Duration = Duration::from_secs(15);
+/// part of a frame and stopped, would otherwise hold its buffers and tasks for good. The pings
+/// also tell a client that the node is alive while its answers wait (up to the catch-up wait,
+/// a full proposer queue's and the commit timeout, or room in the node's budget): the Rust
+/// client closes a connection that sent nothing for 10 s, so they come more often than that.
+pub const PUBLISH_WS_PING_INTERVAL: Duration = Duration::from_secs(5);
 pub const PUBLISH_WS_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long a publishing WebSocket waits for the client to take its answers before it gives
 /// up on the connection (a client that stopped reading holds its publishes in flight).

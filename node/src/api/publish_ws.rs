@@ -231,13 +231,14 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
                 continue;
             }
             Read::Closed => break,
-            Read::TooLarge => {
-                let _ = tx.send(too_large_frame()).await;
-                close_with = (1009, "publish frame too large");
+            Read::Ends { answer, close } => {
+                let _ = tx.send(answer).await;
+                close_with = close;
                 break;
             }
         };
-        let mut too_large = false;
+        // A frame read with the group that ends the connection: answered after the group.
+        let mut ends = None;
         // Frames that were read with the first one (a client with many in flight sends them
         // in bursts) need no wait: they join its proposal.
         let mut bytes = group[0].len();
@@ -256,8 +257,8 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
                     open = false;
                     break;
                 }
-                Read::TooLarge => {
-                    (too_large, open) = (true, false);
+                Read::Ends { answer, close } => {
+                    (ends, open) = (Some((answer, close)), false);
                     break;
                 }
             }
@@ -289,9 +290,9 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
         };
         // Counted from here: the wait for room above was the server's, not the client's.
         idle.as_mut().reset(tokio::time::Instant::now() + PUBLISH_WS_IDLE_TIMEOUT);
-        if too_large {
-            let _ = tx.send(too_large_frame()).await;
-            close_with = (1009, "publish frame too large");
+        if let Some((answer, close)) = ends {
+            let _ = tx.send(answer).await;
+            close_with = close;
         }
         // Never waits: groups in flight are bounded by the permits above.
         if groups.send(Group { frames: group, room: (count, own_bytes), node_room: node_bytes }).await.is_err() {
@@ -309,17 +310,22 @@ async fn serve(app: SharedApp, client: Option<IpAddr>, socket: WebSocket, topic:
     }
 }
 
-/// Sends `first` and the answers queued behind it in one write; false when the socket failed
-/// or the client read nothing for [`PUBLISH_WS_SEND_TIMEOUT`] (a client that stopped reading
-/// would hold every publish of the connection, and their frames, forever).
+/// Sends `first` and the answers queued behind it when it came in one write; false when the
+/// socket failed or the client did not take them within [`PUBLISH_WS_SEND_TIMEOUT`] (a client
+/// that stopped reading would hold every publish of the connection, and their frames,
+/// forever). Answers that come during the write wait for the next one: a client reading
+/// steadily, a little slower than its answers come, would otherwise keep one write going
+/// until the timeout ended the connection.
 async fn send_answers(
     sink: &mut SplitSink<WebSocket, Message>,
     first: String,
     rx: &mut mpsc::Receiver<String>,
 ) -> bool {
+    let queued = rx.len();
     let send = async {
         sink.feed(Message::Text(first.into())).await?;
-        while let Ok(more) = rx.try_recv() {
+        for _ in 0..queued {
+            let Ok(more) = rx.try_recv() else { break };
             sink.feed(Message::Text(more.into())).await?;
         }
         sink.flush().await
@@ -336,14 +342,23 @@ enum Read {
     Binary,
     /// The client closed, or the connection broke.
     Closed,
-    /// A frame over the size limit: the connection cannot go on, but the client is told why.
-    TooLarge,
+    /// A frame the connection cannot go on after (over the size limit, or a text frame that
+    /// is not UTF-8, RFC 6455 §8.1): the client is told why, in an answer and the close code.
+    Ends {
+        answer: String,
+        close: CloseWith,
+    },
 }
 
 fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
     match message {
         Some(Ok(Message::Text(text))) => Read::Text(text),
-        Some(Err(e)) if is_over_size_limit(&e) => Read::TooLarge,
+        Some(Err(e)) if is_over_size_limit(&e) => {
+            Read::Ends { answer: too_large_frame(), close: (1009, "publish frame too large") }
+        }
+        Some(Err(e)) if is_not_utf8(&e) => {
+            Read::Ends { answer: not_utf8_frame(), close: (1007, "text frame not UTF-8") }
+        }
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Read::Closed,
         Some(Ok(Message::Binary(_))) => Read::Binary,
         Some(Ok(_)) => Read::Other,
@@ -354,6 +369,17 @@ pub(crate) fn is_over_size_limit(e: &axum::Error) -> bool {
     std::error::Error::source(e)
         .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
         .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
+fn is_not_utf8(e: &axum::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Utf8(_)))
+}
+
+/// The answer to a text frame that is not UTF-8, so not JSON either.
+fn not_utf8_frame() -> String {
+    error_frame(None, &ApiError::InvalidRequest("a text frame that is not UTF-8; the connection closes".into()))
 }
 
 /// The answer to a frame over [`PUBLISH_BODY_BYTES_MAX`]; its `ref` was never read.

@@ -89,6 +89,16 @@ impl AckCoalescer {
     }
 }
 
+impl AckCoalescer {
+    /// Forgets that a subscriber's acks were refused: it is no longer connected here.
+    pub fn forget_refused(&self, key: &Key) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !pending.refused_untold.is_empty() {
+            pending.refused_untold.remove(key);
+        }
+    }
+}
+
 /// The flush loop; stops when the app is dropped or shut down (the node then flushes once
 /// more itself, [`flush`]).
 pub async fn run_flusher(app: Weak<App>) {
@@ -187,6 +197,21 @@ mod tests {
         assert!(!c.record("t", "other", 1));
         assert!(c.record("t", "s", 1));
         assert!(!c.record("t", "s", 2), "told once per refusal");
+    }
+
+    /// A subscriber gone before its next ack leaves no mark: marks of subscribers gone would
+    /// fill the set, and no subscriber connected later would be told.
+    #[test]
+    fn a_refusal_of_a_subscriber_gone_is_forgotten() {
+        let c = AckCoalescer::default();
+        let gone: Vec<Key> = (0..ACKS_PENDING_MAX).map(|i| ("t".to_string(), i.to_string())).collect();
+        c.mark_refused(gone.clone());
+        for key in &gone {
+            c.forget_refused(key);
+        }
+        c.mark_refused(vec![("t".to_string(), "new".to_string())]);
+        assert!(c.record("t", "new", 1), "a subscriber connected later is told");
+        assert!(!c.record("t", "0", 1));
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub fn leaderless_close_after(election_timeout_ms: u64) -> Duration {
         .max(Duration::from_millis(election_timeout_ms) * SUBSCRIBE_LEADERLESS_ELECTION_TIMEOUTS)
 }
 
-/// Counts the node's leaderless spells that lasted [`leaderless_close_after`]: a session
-/// closes when the count moves during its life.
+/// Marks each of the node's leaderless spells that lasted [`leaderless_close_after`] with when
+/// it began: a session open then closes.
 pub async fn count_spells(app: Weak<App>) {
     let mut interval = tokio::time::interval(LEADERLESS_CHECK_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -48,7 +48,7 @@ pub async fn count_spells(app: Weak<App>) {
                 subscriptions = app.subscription_count(),
                 "no leader for {after:?}: closing this node's subscriptions (1013) so they resume on another node"
             );
-            app.leaderless_spells.send_modify(|n| *n += 1);
+            app.leaderless_spells.send_replace(since);
         }
     }
 }

@@ -94,12 +94,21 @@ impl Drop for Registration {
         if self.app.subscriptions.fetch_sub(1, Ordering::Relaxed) == 1 {
             self.app.subscriptions_ended.notify_waiters();
         }
-        let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = connected.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                connected.remove(&self.key);
+        let gone = {
+            let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
+            match connected.get_mut(&self.key) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => connected.remove(&self.key).is_some(),
+                None => false,
             }
+        };
+        // Its refusal was to be told at its next ack here, which will not come: kept, such
+        // marks of subscribers gone would fill the set and no one more would be told.
+        if gone {
+            self.app.acks.forget_refused(&self.key);
         }
     }
 }
@@ -331,10 +340,16 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
     // A leaderless spell that began before this session does not close it (its client may
     // have had nowhere else to go); one that lasts long enough during it does. One future for
     // the session, like the others: not a waiter registered again on every turn.
+    let opened = tokio::time::Instant::now();
     let mut spells = app.leaderless_spells.subscribe();
     let leaderless = async move {
-        if spells.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        loop {
+            if spells.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            if spells.borrow_and_update().is_some_and(|began| began >= opened) {
+                return;
+            }
         }
     };
     tokio::pin!(leaderless);
