@@ -170,6 +170,15 @@ impl App {
         }
     }
 
+    /// When this node's leader had gone unheard for `unheard`, if it follows one: the moment
+    /// [`App::leaderless`] turned true, whenever it was asked.
+    pub fn leader_unheard_since(&self, unheard: std::time::Duration) -> Option<tokio::time::Instant> {
+        match self.leadership() {
+            Leadership::Other { .. } => Some(*self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()) + unheard),
+            Leadership::Me | Leadership::Unknown => None,
+        }
+    }
+
     /// Where clients reach node `id`, whose Raft address is `raft_addr`: its
     /// `--client-addresses` entry, else that address. Everything a client is told (redirects,
     /// `/cluster`, `leader_change`) goes through here; Raft keeps the Raft address.

@@ -518,7 +518,10 @@ pub struct PeerClient {
 /// of sending the same entries again at once, in a loop, until the peer is restarted.
 fn remote_error<E: std::error::Error>(target: NodeId, e: RaftError<NodeId, E>) -> RPCError<E> {
     match e {
-        RaftError::Fatal(fatal) => RPCError::Unreachable(Unreachable::new(&fatal)),
+        RaftError::Fatal(fatal) => {
+            tracing::warn!(peer = target, error = %fatal, "the peer's Raft has stopped");
+            RPCError::Unreachable(Unreachable::new(&fatal))
+        }
         RaftError::APIError(api) => RPCError::RemoteError(RemoteError::new(target, RaftError::APIError(api))),
     }
 }
@@ -547,15 +550,18 @@ impl PeerClient {
 
     async fn call_within(&self, request: RpcRequest, timeout: Duration) -> Result<RpcResponse, TransportError> {
         let response = self.conn.call(request, timeout).await?;
+        // Unreachable, so openraft backs off; logged here, as openraft logs an unreachable
+        // peer at debug only (the dial failures that `Reachability` reports).
         if let RpcResponse::WrongNode { actual } = response {
-            return Err(TransportError::Unreachable(format!(
-                "expected node-{} but reached node-{actual}",
-                self.target
-            )));
+            let e = format!("expected node-{} but reached node-{actual}", self.target);
+            tracing::warn!(peer = self.target, "{e}: check the peer addresses");
+            return Err(TransportError::Unreachable(e));
         }
         if let RpcResponse::Undecodable = response {
             // An older build that does not know this request: backing off is all there is to do.
-            return Err(TransportError::Unreachable(format!("node-{} cannot read this request", self.target)));
+            let e = format!("node-{} cannot read this request (an older build)", self.target);
+            tracing::warn!(peer = self.target, "{e}");
+            return Err(TransportError::Unreachable(e));
         }
         self.pool.note_answered(self.target);
         Ok(response)

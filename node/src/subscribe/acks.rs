@@ -148,17 +148,18 @@ pub async fn flush(app: &App) {
 fn report_refused(app: &App, refused: &[AckRecord]) {
     app.metrics.acks_refused.inc_by(refused.len() as u64);
     // The ones still connected here are told by their session (a topic may have filled since
-    // they subscribed). The lock on connections is let go before the other is taken.
-    let connected: Vec<Key> = {
+    // they subscribed). Marked under the lock on connections (taken before the acks' lock,
+    // here as where a session ends), so that one ending meanwhile cannot leave its mark.
+    {
         let connected = app.connected.lock().unwrap_or_else(|e| e.into_inner());
-        refused
+        let keys: Vec<Key> = refused
             .iter()
             .map(|a| (a.topic.clone(), a.subscriber_id.clone()))
             .filter(|key| connected.contains_key(key))
-            .collect()
-    };
-    if !connected.is_empty() {
-        app.acks.mark_refused(connected);
+            .collect();
+        if !keys.is_empty() {
+            app.acks.mark_refused(keys);
+        }
     }
     let mut reported_at = app.acks.refused_reported_at.lock().unwrap_or_else(|e| e.into_inner());
     if reported_at.is_some_and(|at| at.elapsed() < ACKS_REFUSED_LOG_INTERVAL) {

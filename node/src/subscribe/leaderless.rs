@@ -36,19 +36,23 @@ pub async fn count_spells(app: Weak<App>) {
             return;
         }
         // Unheard for an election timeout: the point where a follower would stand.
-        if !app.leaderless(Duration::from_millis(app.config.election_timeout_ms)) {
+        let unheard = Duration::from_millis(app.config.election_timeout_ms);
+        if !app.leaderless(unheard) {
             (since, counted) = (None, false);
             continue;
         }
         let now = tokio::time::Instant::now();
         let after = leaderless_close_after(app.config.election_timeout_ms);
-        if !counted && now.duration_since(*since.get_or_insert(now)) >= after {
+        // When the spell began, not when this check saw it (up to a check interval later): a
+        // session opened in between was opened during the spell, and stays.
+        let began = *since.get_or_insert_with(|| app.leader_unheard_since(unheard).map_or(now, |at| at.min(now)));
+        if !counted && now.duration_since(began) >= after {
             counted = true;
             tracing::warn!(
                 subscriptions = app.subscription_count(),
                 "no leader for {after:?}: closing this node's subscriptions (1013) so they resume on another node"
             );
-            app.leaderless_spells.send_replace(since);
+            app.leaderless_spells.send_replace(Some(began));
         }
     }
 }

@@ -94,21 +94,17 @@ impl Drop for Registration {
         if self.app.subscriptions.fetch_sub(1, Ordering::Relaxed) == 1 {
             self.app.subscriptions_ended.notify_waiters();
         }
-        let gone = {
-            let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
-            match connected.get_mut(&self.key) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                Some(_) => connected.remove(&self.key).is_some(),
-                None => false,
+        let mut connected = self.app.connected.lock().unwrap_or_else(|e| e.into_inner());
+        match connected.get_mut(&self.key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                connected.remove(&self.key);
+                // Its refusal was to be told at its next ack here, which will not come: kept,
+                // such marks of subscribers gone would fill the set and no one more would be
+                // told. Under the lock on connections, as they are marked (`acks.rs`).
+                self.app.acks.forget_refused(&self.key);
             }
-        };
-        // Its refusal was to be told at its next ack here, which will not come: kept, such
-        // marks of subscribers gone would fill the set and no one more would be told.
-        if gone {
-            self.app.acks.forget_refused(&self.key);
+            None => {}
         }
     }
 }
