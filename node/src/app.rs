@@ -163,19 +163,20 @@ impl App {
     /// its quorum, [`Leadership::Unknown`]), or one it has not heard from for `unheard` (a
     /// follower cut off from it keeps it, as pre-vote never moves it to a term of its own).
     pub fn leaderless(&self, unheard: std::time::Duration) -> bool {
-        match self.leadership() {
-            Leadership::Me => false,
-            Leadership::Unknown => true,
-            Leadership::Other { .. } => self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()).elapsed() > unheard,
-        }
+        self.leaderless_since(unheard).is_some()
     }
 
-    /// When this node's leader had gone unheard for `unheard`, if it follows one: the moment
-    /// [`App::leaderless`] turned true, whenever it was asked.
-    pub fn leader_unheard_since(&self, unheard: std::time::Duration) -> Option<tokio::time::Instant> {
+    /// Since when this node has been [`App::leaderless`], if it is: an `unheard` after it last
+    /// heard the leader it follows, whenever it is asked; now, when it knows no leader.
+    pub fn leaderless_since(&self, unheard: std::time::Duration) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
         match self.leadership() {
-            Leadership::Other { .. } => Some(*self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()) + unheard),
-            Leadership::Me | Leadership::Unknown => None,
+            Leadership::Me => None,
+            Leadership::Unknown => Some(now),
+            Leadership::Other { .. } => {
+                let since = *self.leader_heard.lock().unwrap_or_else(|e| e.into_inner()) + unheard;
+                (since < now).then_some(since)
+            }
         }
     }
 

@@ -145,9 +145,9 @@ fn check_address(membership: &Membership<NodeId, Node>, id: NodeId, address: &st
         return Err(ApiError::MemberConflict(format!("node-{other} is already a member at {address}")));
     }
     // Only a new address, and only against members that agree among themselves: a membership
-    // mixed already (grown before this check, or from mixed `--peers` of a cluster formed before
-    // `--peers` were checked) still takes the same
-    // request again and the promotion of its learners.
+    // mixed already (grown before this check, or from the mixed `--peers` of a cluster formed
+    // before they were checked) still takes the same request again and the promotion of its
+    // learners.
     let loopback = is_loopback(address);
     let others: Vec<(NodeId, &Node)> =
         membership.nodes().filter(|(other, _)| **other != id).map(|(other, node)| (*other, node)).collect();

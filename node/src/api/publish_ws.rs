@@ -28,6 +28,7 @@ use raft_store::{NewMessage, PublishResult};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 
 use super::input;
@@ -356,7 +357,7 @@ fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
         Some(Err(e)) if is_over_size_limit(&e) => {
             Read::Ends { answer: too_large_frame(), close: (1009, "publish frame too large") }
         }
-        Some(Err(e)) if is_not_utf8(&e) => {
+        Some(Err(e)) if matches!(tungstenite_error(&e), Some(tungstenite::Error::Utf8(_))) => {
             Read::Ends { answer: not_utf8_frame(), close: (1007, "text frame not UTF-8") }
         }
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Read::Closed,
@@ -366,15 +367,12 @@ fn read_frame(message: Option<Result<Message, axum::Error>>) -> Read {
 }
 
 pub(crate) fn is_over_size_limit(e: &axum::Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
-        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+    matches!(tungstenite_error(e), Some(tungstenite::Error::Capacity(_)))
 }
 
-fn is_not_utf8(e: &axum::Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|inner| inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>())
-        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Utf8(_)))
+/// The WebSocket library's own error under axum's.
+fn tungstenite_error(e: &axum::Error) -> Option<&tungstenite::Error> {
+    std::error::Error::source(e).and_then(|inner| inner.downcast_ref::<tungstenite::Error>())
 }
 
 /// The answer to a text frame that is not UTF-8, so not JSON either.

@@ -105,10 +105,13 @@ impl PeerPool {
     }
 }
 
+/// Where a request's answer goes.
+type Reply = oneshot::Sender<Result<RpcResponse, TransportError>>;
+
 struct Outgoing {
     id: u64,
     frame: Vec<u8>,
-    reply: oneshot::Sender<Result<RpcResponse, TransportError>>,
+    reply: Reply,
 }
 
 /// One multiplexed WebSocket to one peer.
@@ -275,7 +278,7 @@ async fn run_conn(
         };
         tracing::debug!(peer = %addr, "raft connection open");
         let (mut sink, mut stream) = ws.split();
-        let mut pending: HashMap<u64, oneshot::Sender<Result<RpcResponse, TransportError>>> = HashMap::new();
+        let mut pending: HashMap<u64, Reply> = HashMap::new();
         let mut next = Some(first);
         let mut quiet_since = Instant::now();
         // A request went out and nothing came back since. Not the same as `pending`, whose
@@ -291,13 +294,7 @@ async fn run_conn(
                 if out.reply.is_closed() {
                     continue;
                 }
-                // Dialed before this node knew its cluster's id (a new cluster's first
-                // election): the peer could not check it, and a node of another cluster at
-                // that address would take our entries for as long as the connection lasts; a
-                // peer of ours that knows the id by now closes it at its next request. Dialed
-                // again between requests, no caller sees the connection end.
-                pending.retain(|_, reply| !reply.is_closed());
-                if !presented_id && pending.is_empty() && (intro.cluster_id)().is_some() {
+                if must_present_id(presented_id, &mut pending, &intro) {
                     carried = Some(out);
                     break "dialing again to present the cluster id, known now".into();
                 }
@@ -353,12 +350,11 @@ async fn run_conn(
                     None => return,
                 },
                 _ = check.tick() => {
-                    pending.retain(|_, reply| !reply.is_closed());
-                    // As before a request, for a connection that has none to send: a caller
-                    // waiting for an answer keeps it until answered.
-                    if !presented_id && pending.is_empty() && (intro.cluster_id)().is_some() {
+                    // As before a request, for a connection that has none to send.
+                    if must_present_id(presented_id, &mut pending, &intro) {
                         break "dialing again to present the cluster id, known now".into();
                     }
+                    pending.retain(|_, reply| !reply.is_closed());
                     if pending.is_empty() && !unanswered {
                         continue;
                     }
@@ -383,6 +379,20 @@ async fn run_conn(
             let _ = reply.send(Err(TransportError::Network(reason.clone())));
         }
     }
+}
+
+/// Whether a connection dialed before this node knew its cluster's id (a new cluster's first
+/// election) is to be dialed again now, with it: the peer could not check the id, and a node of
+/// another cluster at that address would take our entries for as long as the connection
+/// lasts, while a peer of ours that knows the id by now closes it at its next request. Only
+/// between requests (none waits for an answer), so that no caller sees the connection end.
+/// Nothing to do, and nothing asked, once the id went with the dial.
+fn must_present_id(presented_id: bool, pending: &mut HashMap<u64, Reply>, intro: &Introduction) -> bool {
+    if presented_id {
+        return false;
+    }
+    pending.retain(|_, reply| !reply.is_closed());
+    pending.is_empty() && (intro.cluster_id)().is_some()
 }
 
 /// When a peer stream last wrote a byte: a write on a slow link moves, a stalled one does not.

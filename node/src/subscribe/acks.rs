@@ -87,9 +87,7 @@ impl AckCoalescer {
             pending.refused_untold.insert(key);
         }
     }
-}
 
-impl AckCoalescer {
     /// Forgets that a subscriber's acks were refused: it is no longer connected here.
     pub fn forget_refused(&self, key: &Key) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());

@@ -36,16 +36,15 @@ pub async fn count_spells(app: Weak<App>) {
             return;
         }
         // Unheard for an election timeout: the point where a follower would stand.
-        let unheard = Duration::from_millis(app.config.election_timeout_ms);
-        if !app.leaderless(unheard) {
+        let Some(leaderless_since) = app.leaderless_since(Duration::from_millis(app.config.election_timeout_ms)) else {
             (since, counted) = (None, false);
             continue;
-        }
+        };
         let now = tokio::time::Instant::now();
         let after = leaderless_close_after(app.config.election_timeout_ms);
         // When the spell began, not when this check saw it (up to a check interval later): a
         // session opened in between was opened during the spell, and stays.
-        let began = *since.get_or_insert_with(|| app.leader_unheard_since(unheard).map_or(now, |at| at.min(now)));
+        let began = *since.get_or_insert(leaderless_since);
         if !counted && now.duration_since(began) >= after {
             counted = true;
             tracing::warn!(
