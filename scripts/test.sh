@@ -31,7 +31,9 @@ elif [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing ${need_apt[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # Two commands, not `a && b`: set -e does not stop on a failing left side of `&&`.
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
 echo "==> building (release: one profile for binaries, tests and benches)"
@@ -49,14 +51,22 @@ fi
 hard_files=$(ulimit -Hn)
 if [ "$hard_files" = unlimited ]; then hard_files=1048576; fi
 ulimit -n "$hard_files" 2>/dev/null || echo "==> cannot raise the open-files limit to $hard_files (now $(ulimit -n))"
+# Every layer runs even when one before failed; the script fails at the end if any did.
+failed=()
 echo "==> running the tests"
 # The Docker fault test runs on its own below, with its report printed.
-cargo test --release --workspace --no-fail-fast -- --skip docker_faults_
+cargo test --release --workspace --no-fail-fast -- --skip docker_faults_ || failed+=("the tests")
 
 # The API contract again on a slow disk: a race between a node's steps and its fsyncs fails
 # here every time instead of rarely on a slow machine (docs/TESTING.md, "On a slow disk").
 echo "==> running the API tests with every node fsync delayed 20 ms"
-FSYNC_DELAY_MS=20 scripts/slow-disk.sh cargo test --release --workspace --test api
+FSYNC_DELAY_MS=20 scripts/slow-disk.sh cargo test --release --workspace --test api || failed+=("the slow-disk API tests")
 
 echo "==> running the Docker fault tests"
-cargo test --release --workspace --test docker_faults -- --nocapture
+cargo test --release --workspace --test docker_faults -- --nocapture || failed+=("the Docker fault tests")
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '==> FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "==> every test passed"

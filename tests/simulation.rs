@@ -60,6 +60,7 @@ fn node_config(i: usize, nodes: usize, dir: &std::path::Path) -> Config {
         id: i as u64 + 1,
         listen: "0.0.0.0:8080".parse().expect("addr"),
         advertise: format!("{}:8080", host(i)),
+        advertise_guessed: false,
         data_dir: dir.join(host(i)),
         peers,
         client_addresses: Default::default(),

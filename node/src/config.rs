@@ -9,7 +9,7 @@ use clap::Parser;
 
 use crate::limits::{
     ELECTION_TIMEOUT_MS_DEFAULT, ELECTION_TIMEOUT_MS_MAX, HEARTBEAT_MS_DEFAULT, MIN_FREE_BYTES_DEFAULT,
-    SNAPSHOT_LOGS_DEFAULT,
+    SNAPSHOT_LOGS_DEFAULT, SNAPSHOT_LOGS_MAX,
 };
 
 /// `pubsub-node`: one node of a Raft-replicated pub/sub cluster. With no flags it is a
@@ -88,6 +88,10 @@ pub struct Config {
     pub id: u64,
     pub listen: SocketAddr,
     pub advertise: String,
+    /// `advertise` is a guess (`127.0.0.1` and the listen port): neither `--advertise` nor a
+    /// `--peers` entry named this node's address. The address the cluster recorded for the
+    /// node, if any, is the one to keep then (`--force-new-cluster`).
+    pub advertise_guessed: bool,
     pub data_dir: PathBuf,
     /// Initial voters by id (this node included).
     pub peers: BTreeMap<u64, String>,
@@ -130,7 +134,7 @@ pub enum ConfigError {
         "--heartbeat-ms must be at least 1 and --election-timeout-ms at least 3 times it, at most {ELECTION_TIMEOUT_MS_MAX}"
     )]
     Timings,
-    #[error("--snapshot-logs must be at least 1")]
+    #[error("--snapshot-logs must be at least 1 and at most {SNAPSHOT_LOGS_MAX}")]
     SnapshotLogs,
     #[error(
         "--cluster-secret must be printable ASCII with no space or newline at either end: it travels in an HTTP header"
@@ -151,7 +155,7 @@ impl Config {
         {
             return Err(ConfigError::Timings);
         }
-        if flags.snapshot_logs == 0 {
+        if !(1..=SNAPSHOT_LOGS_MAX).contains(&flags.snapshot_logs) {
             return Err(ConfigError::SnapshotLogs);
         }
         let cluster_secret = flags.cluster_secret.filter(|s| !s.is_empty());
@@ -166,6 +170,7 @@ impl Config {
             Some(text) if !text.trim().is_empty() => parse_peers(text)?,
             _ => BTreeMap::new(),
         };
+        let advertise_guessed = flags.advertise.is_none() && !peers.contains_key(&flags.id);
         let advertise = match (&flags.advertise, peers.get(&flags.id)) {
             // Peers dial the `--peers` entry and every node names it in redirects: another
             // address here would be what this node alone says of itself.
@@ -200,6 +205,7 @@ impl Config {
             id: flags.id,
             listen: flags.listen,
             data_dir: flags.data_dir.unwrap_or_else(|| PathBuf::from(format!("./data/node-{}", flags.id))),
+            advertise_guessed,
             advertise,
             peers,
             client_addresses,
@@ -378,6 +384,25 @@ mod tests {
         assert_eq!(same.advertise, "b:2");
         let other = Config::from_flags(flags(&["--id", "2", "--advertise", "x:2", "--peers", "1=a:1,2=b:2"]));
         assert!(matches!(other, Err(ConfigError::AdvertiseNotPeer { .. })), "{other:?}");
+        assert!(!c.advertise_guessed && !same.advertise_guessed);
+    }
+
+    /// Only an address no flag named is a guess, which `--force-new-cluster` does not record.
+    #[test]
+    fn an_address_no_flag_named_is_a_guess() {
+        let guessed = Config::from_flags(flags(&["--id", "1", "--listen", "0.0.0.0:9000"])).unwrap();
+        assert_eq!((guessed.advertise.as_str(), guessed.advertise_guessed), ("127.0.0.1:9000", true));
+        let named = Config::from_flags(flags(&["--id", "4", "--advertise", "h:4", "--join"])).unwrap();
+        assert!(!named.advertise_guessed);
+    }
+
+    #[test]
+    fn snapshot_logs_out_of_range_are_refused() {
+        for bad in ["0", &(SNAPSHOT_LOGS_MAX + 1).to_string(), &u64::MAX.to_string()] {
+            let refused = Config::from_flags(flags(&["--snapshot-logs", bad]));
+            assert!(matches!(refused, Err(ConfigError::SnapshotLogs)), "{bad}: {refused:?}");
+        }
+        assert!(Config::from_flags(flags(&["--snapshot-logs", &SNAPSHOT_LOGS_MAX.to_string()])).is_ok());
     }
 
     #[test]

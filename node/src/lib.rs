@@ -117,13 +117,18 @@ where
         cluster_id: Arc::new(move || reader.cluster_id().map(str::to_string)),
     };
     let peers = PeerPool::new(env.clone(), intro);
+    // What the data dir held, before a first start writes to it: an empty one (no log, no
+    // cluster id) is a new node or a replaced disk. Read from the store: Raft's metrics say
+    // nothing until its core has run.
+    let last_log_index = {
+        use openraft::storage::RaftLogStorage;
+        let state = store.log_store.get_log_state().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+        state.last_log_id.map(|id| id.index)
+    };
     let raft =
         Raft::new(config.id, Arc::new(raft_config), Network::new(peers.clone()), store.log_store, store.state_machine)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-    // What the data dir held, before a first start writes to it: an empty one (no log, no
-    // cluster id) is a new node or a replaced disk.
-    let last_log_index = raft.metrics().borrow().last_log_index;
     if let Err(e) = bootstrap(&config, &raft).await {
         // Nothing was served: stop the core, which closes the stores it owns, and say why.
         let _ = raft.shutdown().await;
@@ -175,7 +180,7 @@ where
 
     let cluster_id = app.reader.cluster_id();
     tracing::info!(version = VERSION, commit = COMMIT, id = config.id, listen = %config.listen,
-                   advertise = %config.advertise, data_dir = %config.data_dir.display(),
+                   advertise = %config.advertise, data_dir = %absolute(&config.data_dir).display(),
                    min_free_bytes = config.min_free_bytes, peers = ?config.peers,
                    last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
@@ -264,6 +269,12 @@ where
     Ok(())
 }
 
+/// `path` from the root, for the log: a relative data dir names nothing without the working
+/// directory, which a unit file or a `cd` changes (and with it, silently, the data).
+fn absolute(path: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// Returns when the Raft core has stopped: its metrics channel closes with it.
 async fn core_stopped(raft: &Raft) {
     let mut metrics = raft.metrics();
@@ -291,7 +302,9 @@ fn check_peers(config: &Config, raft: &Raft) -> Result<(), NodeError> {
         );
         return Ok(());
     }
-    if stored.is_empty() || stored == config.peers {
+    // No --peers: this node's address in `config.peers` is a guess, not a stale flag.
+    let guessed_only = config.advertise_guessed && stored.keys().eq(config.peers.keys());
+    if stored.is_empty() || stored == config.peers || guessed_only {
         return Ok(());
     }
     // `initialize` writes the first membership at log index 0; every change comes later.
@@ -325,9 +338,21 @@ async fn force_new_cluster(config: &Config, store: &mut raft_store::Store) -> Re
     if marker.exists() {
         return Err(NodeError::ForcedAlready { path, marker: marker.display().to_string() });
     }
-    let node = Node { addr: config.advertise.clone() };
     let data_dir_error = |source| NodeError::DataDir { path: path.clone(), source };
     let (applied, _) = store.state_machine.applied_state().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+    // Started without --advertise or --peers (the others are lost), the address guessed is
+    // loopback: recorded, it would refuse every node added on another host. The membership is
+    // the log's latest, as Raft would read it (the state machine's may be behind the log).
+    let membership = openraft::StorageHelper::new(&mut store.log_store, &mut store.state_machine)
+        .get_membership()
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let recorded = membership.effective().membership().get_node(&config.id).map(|n| n.addr.clone());
+    let addr = match recorded {
+        Some(addr) if config.advertise_guessed => addr,
+        _ => config.advertise.clone(),
+    };
+    let node = Node { addr: addr.clone() };
     let forced = store.log_store.force_single_voter(config.id, node, applied).map_err(data_dir_error)?;
     let Some(log_id) = forced else {
         return Err(NodeError::NothingToForce { path });
@@ -339,7 +364,7 @@ async fn force_new_cluster(config: &Config, store: &mut raft_store::Store) -> Re
         .and_then(|()| std::fs::File::open(&config.data_dir)?.sync_all());
     written.map_err(|e| data_dir_error(raft_store::StoreError::Io(e)))?;
     tracing::warn!(
-        %log_id, advertise = %config.advertise,
+        %log_id, advertise = %addr,
         "--force-new-cluster: this node is now the only voter of its cluster, with the data it holds; add new \
          nodes with --join and POST /cluster/members, and never start the lost ones again on their old data"
     );

@@ -169,7 +169,7 @@ pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 /// How long a stopping node lets requests in progress finish before it closes their
 /// connections: a publish is answered within [`WRITE_TIMEOUT`], and the whole stop (this, the
 /// subscriptions, the last acks, the hand-over, the close handshakes, the store's close) fits
-/// the 30 s grace period `deploy/docker-compose.yml` gives (about 23 s at worst) unless the
+/// the 30 s grace period `deploy/docker-compose.yml` gives (about 28 s at worst) unless the
 /// store is stuck.
 pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
 /// How long a stopping node waits for its tasks to release the store before it exits.
@@ -314,9 +314,11 @@ pub const CONNECTIONS_MIN: usize = 64;
 pub const CONNECTIONS_FULL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Client connections (HTTP, subscriptions, publishing WebSockets) a node serves at once,
-/// given its open-files limit.
+/// given its open-files limit. An unknown or infinite limit (`u64::MAX`) gives the most a
+/// semaphore can count (a larger count panics), which no real limit reaches.
 pub fn connections_max(open_files_limit: u64) -> usize {
-    (open_files_limit.saturating_sub(OPEN_FILES_RESERVED) as usize).max(CONNECTIONS_MIN)
+    let room = open_files_limit.saturating_sub(OPEN_FILES_RESERVED).min(tokio::sync::Semaphore::MAX_PERMITS as u64);
+    (room as usize).max(CONNECTIONS_MIN)
 }
 
 /// How often coalesced acks are written through Raft.
@@ -441,6 +443,9 @@ pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
 pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Build a snapshot (and let the log be purged) after this many entries.
 pub const SNAPSHOT_LOGS_DEFAULT: u64 = 100_000;
+/// Largest `--snapshot-logs`: a trillion entries is already never; the bound keeps openraft's
+/// thresholds derived from it (plus [`LOGS_KEPT_AFTER_SNAPSHOT`]) from overflowing.
+pub const SNAPSHOT_LOGS_MAX: u64 = 1_000_000_000_000;
 /// Bytes the data dir keeps available (`--min-free-bytes`), besides its newest snapshot's
 /// size: below it the leader refuses publishes and topic creations (507). What is still
 /// written once they are refused fits in it: the writes already admitted (up to the

@@ -141,25 +141,36 @@ async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u6
 }
 
 /// SIGTERM or SIGINT (Ctrl-C), their handlers installed now, when this is called, not when the
-/// future is first polled.
+/// future is first polled. A second one, while the node drains, ends the process at once: an
+/// operator who asks twice does not want to wait (a write acknowledged is on a majority's disk
+/// already; acks received since the last flush are delivered again, as after `kill -9`).
 #[cfg(unix)]
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, Signal, SignalKind};
-    async fn received(signal: Option<Signal>) {
+    async fn recv(signal: &mut Option<Signal>) {
         match signal {
-            Some(mut s) => {
+            Some(s) => {
                 s.recv().await;
             }
             None => std::future::pending::<()>().await,
         }
     }
-    let term = received(signal(SignalKind::terminate()).ok());
-    let interrupt = received(signal(SignalKind::interrupt()).ok());
-    async move {
+    async fn next(term: &mut Option<Signal>, interrupt: &mut Option<Signal>) {
         tokio::select! {
-            () = term => {},
-            () = interrupt => {},
+            () = recv(term) => {},
+            () = recv(interrupt) => {},
         }
+    }
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    async move {
+        next(&mut term, &mut interrupt).await;
+        tokio::spawn(async move {
+            next(&mut term, &mut interrupt).await;
+            eprintln!("error: a second signal while stopping: exiting now");
+            // SAFETY: as at the end of main, nothing runs after _exit.
+            unsafe { libc::_exit(1) }
+        });
     }
 }
 

@@ -118,8 +118,9 @@ impl Default for Metrics {
         registry.register("publishes", "Published messages by outcome", by_outcome.clone());
         let publishes =
             Outcome::ALL.map(|o| by_outcome.get_or_create(&OutcomeLabel { outcome: o.label().into() }).clone());
-        // 0.1 ms .. ~3.3 s
-        let commit_latency = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        // 0.1 ms .. ~6.6 s: past the write timeout (5 s), so writes that time out are told
+        // from slow ones.
+        let commit_latency = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
         registry.register("commit_latency_seconds", "Time from proposal to commit and apply", commit_latency.clone());
         let leader_changes = Counter::default();
         registry.register("leader_changes", "Leader changes seen by this node", leader_changes.clone());
@@ -324,7 +325,10 @@ impl Metrics {
                 self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
             }
         }
-        self.commit_index.set(app.committed_index.load(std::sync::atomic::Ordering::Relaxed));
+        // A snapshot install moves the commit index without saving it (openraft), so it can
+        // lag what is applied until the next entry; what is applied is committed.
+        let committed = app.committed_index.load(std::sync::atomic::Ordering::Relaxed);
+        self.commit_index.set(committed.max(self.last_applied.get()));
         self.log_bytes.set(app.log_files.bytes());
         if let Some(bytes) = raft_store::available_bytes(&app.config.data_dir) {
             self.data_dir_available_bytes.set(bytes);
@@ -336,8 +340,8 @@ impl Metrics {
         self.read_pages_bytes.set(app.read_pages.held() as u64);
         self.request_bodies_bytes.set(app.request_bodies.held() as u64);
         self.raft_inbound_bytes.set(app.raft_inbound.held() as u64);
-        for t in app.reader.active_topics() {
-            self.topic_sequence.get_or_create(&TopicLabel { topic: t.name }).set(t.current_sequence);
+        for (topic, sequence) in app.reader.active_topic_sequences() {
+            self.topic_sequence.get_or_create(&TopicLabel { topic }).set(sequence);
         }
         for (column_family, bytes) in app.reader.table_file_bytes() {
             self.table_file_bytes.get_or_create(&ColumnFamilyLabel { column_family: column_family.into() }).set(bytes);

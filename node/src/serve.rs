@@ -169,5 +169,7 @@ mod tests {
         assert_eq!(connections_max(20_000), 20_000 - OPEN_FILES_RESERVED as usize);
         assert_eq!(connections_max(1_024), CONNECTIONS_MIN);
         assert!(connections_max(u64::MAX) > 1 << 30);
+        // What `serve` makes of it must not panic.
+        let _ = Semaphore::new(connections_max(u64::MAX));
     }
 }

@@ -350,7 +350,10 @@ fn run_syncer(segments: &SegmentLog, queue: &mpsc::Receiver<LogFlushed<TypeConfi
         waiting.extend(queue.try_iter());
         let started = Instant::now();
         let result = segments.sync();
-        report(observer, waiting.len(), started);
+        // Only fsyncs that made appends durable are counted as such.
+        if result.is_ok() {
+            report(observer, waiting.len(), started);
+        }
         for callback in waiting {
             let outcome = match &result {
                 Ok(()) => Ok(()),
@@ -479,8 +482,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .append(first, records)
                     .and_then(|()| self.segments.sync())
                     .map_err(|e| std::io::Error::other(e.to_string()));
-                report(&self.observer, 1, started);
                 if result.is_ok() {
+                    report(&self.observer, 1, started);
                     self.recent().appended(appended);
                 }
                 let failed =

@@ -143,9 +143,11 @@ impl StoreReader {
         self.topics.read().unwrap_or_else(|e| e.into_inner()).by_name.values().any(pred)
     }
 
-    /// Active topic records, sorted by name.
-    pub fn active_topics(&self) -> Vec<TopicRecord> {
-        self.active_topics_page(None, usize::MAX).0
+    /// Each active topic's name and current sequence, in no order: the least a metrics scrape
+    /// needs, read without copying records or sorting under the lock every apply waits for.
+    pub fn active_topic_sequences(&self) -> Vec<(String, u64)> {
+        let topics = self.topics.read().unwrap_or_else(|e| e.into_inner());
+        topics.by_name.values().filter(|r| !r.deleted).map(|r| (r.name.clone(), r.current_sequence)).collect()
     }
 
     /// At most `limit` active topic records named after `after` (from the first when `None`),

@@ -32,7 +32,8 @@ fn publish(topic: &str, id: &str) -> Request {
 /// What the state machine serves: every topic record and its messages.
 fn dump(reader: &raft_store::StoreReader) -> Vec<(raft_store::TopicRecord, Vec<(u64, String)>)> {
     reader
-        .active_topics()
+        .active_topics_page(None, usize::MAX)
+        .0
         .into_iter()
         .map(|t| {
             let messages = reader.read_messages(t.id, 0, 1000).unwrap().into_iter().map(|(s, m)| (s, m.id)).collect();

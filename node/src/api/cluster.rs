@@ -31,12 +31,17 @@ pub fn role(state: ServerState) -> &'static str {
 pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
     // One snapshot of the metrics, so that the term, role and leader agree.
     let m = app.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
     let (leader_id, leader_address) = match app.leadership_in(&m) {
-        Leadership::Me => (Some(app.id()), Some(app.client_address(app.id(), &app.config.advertise))),
+        // The address the cluster recorded, which peers dial and followers redirect to (a node
+        // that joined without --advertise guessed a loopback one for itself).
+        Leadership::Me => {
+            let own = membership.get_node(&app.id()).map_or(app.config.advertise.as_str(), |n| n.addr.as_str());
+            (Some(app.id()), Some(app.client_address(app.id(), own)))
+        }
         Leadership::Other { id, addr } => (Some(id), Some(app.client_address(id, &addr))),
         Leadership::Unknown => (None, None),
     };
-    let membership = m.membership_config.membership();
     let mut peers: Vec<(u64, String)> =
         membership.voter_ids().filter_map(|id| membership.get_node(&id).map(|n| (id, n.addr.clone()))).collect();
     if peers.is_empty() {
@@ -44,10 +49,12 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         peers = app.config.peers.iter().map(|(id, addr)| (*id, addr.clone())).collect();
     }
     peers.sort();
-    let short_of_disk = match app.reader.any_disk_short() {
+    let mut short_of_disk = match app.reader.any_disk_short() {
         true => app.claims_seen.fresh(&app.reader.disk_short_claims(), tokio::time::Instant::now().into_std(), None),
         false => Vec::new(),
     };
+    // As the leader's refusal counts them: a removed node's claim, until it is withdrawn, is not.
+    short_of_disk.retain(|node| membership.get_node(node).is_some());
     Json(json!({
         "node_id": format!("node-{}", app.id()),
         "version": crate::VERSION,

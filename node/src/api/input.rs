@@ -80,8 +80,8 @@ pub fn client_ip(client: Option<Extension<ClientAddr>>) -> Option<IpAddr> {
 /// The body holds its size of the node's budget of request bodies, and of its client's share
 /// of it, until the last of its bytes is dropped. Room is taken as the bytes arrive, so a
 /// client that announces a large body and sends nothing holds nothing; a chunk that finds no
-/// room within [`REQUEST_BODY_ROOM_TIMEOUT`] is answered `503 unavailable` (the connection
-/// then closes).
+/// room within [`REQUEST_BODY_ROOM_TIMEOUT`] of the request's first wait for room is
+/// answered `503 unavailable` (the connection then closes).
 pub async fn body(app: &App, client: Option<IpAddr>, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let own = client.map(|ip| app.client_request_bodies.of(ip));
     body_within(&app.request_bodies, own.as_ref(), body, limit, BODY_READ_TIMEOUT, REQUEST_BODY_ROOM_TIMEOUT).await
@@ -107,6 +107,9 @@ async fn body_within(
     let mut buf = bytes::BytesMut::new();
     let mut total = 0usize;
     let mut room: Option<Room> = None;
+    // One wait for room per request, however many of its chunks find none (API.md: at most
+    // 3 s): set when the first one waits.
+    let mut room_deadline: Option<tokio::time::Instant> = None;
     let read = async {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
@@ -116,7 +119,7 @@ async fn body_within(
                 let more = match Room::try_take(node, own, chunk.len()) {
                     Some(more) => more,
                     None => {
-                        let deadline = tokio::time::Instant::now() + room_timeout;
+                        let deadline = *room_deadline.get_or_insert_with(|| tokio::time::Instant::now() + room_timeout);
                         Room::take(node, own, chunk.len(), Some(deadline)).await.map_err(no_room_for_body)?
                     }
                 };
@@ -265,6 +268,32 @@ mod tests {
         assert_eq!(budget.held(), 604, "a slice of the body still holds it");
         drop((slice, streamed));
         assert_eq!(budget.held(), 0);
+    }
+
+    /// Three chunks, each of which finds room 0.8 of a wait after the one before: each alone
+    /// would be in time, the three together wait longer than one wait (fails if the deadline
+    /// is set again for each chunk).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_for_room_once_not_once_per_chunk() {
+        let room_timeout = Duration::from_secs(3);
+        let budget = ByteBudget::new(1000);
+        let _rest = body_within(&budget, None, Body::from(vec![b'x'; 970]), 1024, SOON, SOON).await.unwrap();
+        let mut holders = Vec::new();
+        for _ in 0..3 {
+            holders.push(body_within(&budget, None, Body::from(vec![b'h'; 10]), 1024, SOON, SOON).await.unwrap());
+        }
+        tokio::spawn(async move {
+            for held in holders {
+                tokio::time::sleep(room_timeout.mul_f32(0.8)).await;
+                drop(held);
+            }
+        });
+        let chunks = (0..3).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b'y'; 10])));
+        let body = Body::from_stream(futures_util::stream::iter(chunks));
+        let started = tokio::time::Instant::now();
+        let result = body_within(&budget, None, body, 1024, Duration::from_secs(30), room_timeout).await;
+        assert!(matches!(result, Err(ApiError::Unavailable(_))), "{result:?}");
+        assert_eq!(started.elapsed(), room_timeout, "refused at the first wait's deadline");
     }
 
     #[tokio::test]

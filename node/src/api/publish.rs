@@ -303,16 +303,27 @@ pub async fn publish(
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
 
-    let written = app.write(request).await;
+    let written = match app.queue_write(request).await {
+        Ok(queued) => {
+            let (topic, id) = (topic.clone(), id.clone());
+            committed_and_counted(&app, queued, move |app, written| {
+                let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
+                Ok((written.log_index, stored_sequence(app, &topic, &id, written.response)))
+            })
+            .await
+        }
+        Err(e) => {
+            app.metrics.count_publish(Outcome::Error, 1);
+            Err(e)
+        }
+    };
     drop(guard);
-    let written =
-        written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1)).map_err(|e| e.naming_id(&id))?;
-    let sequence = stored_sequence(&app, &topic, &id, written.response)?;
+    let (log_index, sequence) = written.map_err(|e| e.naming_id(&id))?;
     let body = PublishAnswer {
         id: &id,
         topic: &topic,
-        sequence: Some(sequence),
-        raft_index: Some(written.log_index),
+        sequence: Some(sequence?),
+        raft_index: Some(log_index),
         committed: true,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -456,7 +467,24 @@ pub(super) async fn publish_messages(
 ) -> Result<(Vec<PublishResult>, u64), ApiError> {
     let count = messages.len();
     let queued = queue_publish(app, topic, messages, ids_generated, where_).await?;
-    publish_outcome(app, topic, count, app.committed(queued).await)
+    let topic = topic.to_string();
+    committed_and_counted(app, queued, move |app, written| publish_outcome(app, &topic, count, written)).await
+}
+
+/// Waits for a queued publish to commit and counts its outcome (`count`) in a task of its
+/// own: a client that hangs up drops its handler, which would take the count with it, and the
+/// commit latency's slowest samples, those an operator looks for.
+async fn committed_and_counted<T: Send + 'static>(
+    app: &SharedApp,
+    queued: QueuedWrite,
+    count: impl FnOnce(&SharedApp, Result<Committed, ApiError>) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let app = app.clone();
+    let counted = tokio::spawn(async move {
+        let written = app.committed(queued).await;
+        count(&app, written)
+    });
+    counted.await.unwrap_or_else(|e| Err(ApiError::internal(format!("the wait for a commit ended: {e}"))))
 }
 
 /// The first half of [`publish_messages`]: checks that this node leads and the topic is
