@@ -156,7 +156,15 @@ impl<P> AsRef<[u8]> for Held<P> {
 /// ([`client_of`]).
 pub struct PerClientBudgets {
     max: usize,
-    budgets: Mutex<HashMap<IpAddr, ByteBudget>>,
+    budgets: Mutex<Clients>,
+}
+
+struct Clients {
+    by_ip: HashMap<IpAddr, ByteBudget>,
+    /// Clients tracked when those unused are next forgotten: twice as many as were left in
+    /// use at the last pruning, so that with many clients each connected (every budget in
+    /// use) a new one does not scan them all.
+    prune_at: usize,
 }
 
 /// The leading bits of an IPv6 address that name one client: a host is usually given a whole
@@ -183,22 +191,23 @@ const CLIENTS_TRACKED_BEFORE_PRUNING: usize = 1024;
 
 impl PerClientBudgets {
     pub fn new(max: usize) -> Self {
-        Self { max, budgets: Mutex::new(HashMap::new()) }
+        Self { max, budgets: Mutex::new(Clients { by_ip: HashMap::new(), prune_at: CLIENTS_TRACKED_BEFORE_PRUNING }) }
     }
 
     /// The budget of the client at `ip` ([`client_of`]).
     pub fn of(&self, ip: IpAddr) -> ByteBudget {
         let ip = client_of(ip);
-        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(budget) = budgets.get(&ip) {
+        let mut clients = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(budget) = clients.by_ip.get(&ip) {
             return budget.clone();
         }
-        if budgets.len() >= CLIENTS_TRACKED_BEFORE_PRUNING {
+        if clients.by_ip.len() >= clients.prune_at {
             // A budget that nothing else refers to (no permit taken from it, no clone kept by a
             // connection) is as good as a new one.
-            budgets.retain(|_, budget| budget.in_use());
+            clients.by_ip.retain(|_, budget| budget.in_use());
+            clients.prune_at = (2 * clients.by_ip.len()).max(CLIENTS_TRACKED_BEFORE_PRUNING);
         }
-        budgets.entry(ip).or_insert_with(|| ByteBudget::new(self.max)).clone()
+        clients.by_ip.entry(ip).or_insert_with(|| ByteBudget::new(self.max)).clone()
     }
 }
 
@@ -282,12 +291,30 @@ mod tests {
         for i in 0..CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
             drop(clients.of(IpAddr::from(i.to_be_bytes())).take(1).await);
         }
-        let tracked = clients.budgets.lock().unwrap().len();
+        let tracked = clients.budgets.lock().unwrap().by_ip.len();
         assert!(tracked < CLIENTS_TRACKED_BEFORE_PRUNING, "{tracked} clients tracked");
         // Pruning kept the budget still held from, and the one still kept.
         assert_eq!(clients.of(a).held(), 10);
         assert!(Arc::ptr_eq(&clients.of("10.0.0.3".parse().unwrap()).permits, &kept.permits));
         drop(held);
         assert_eq!(clients.of(a).held(), 0);
+    }
+
+    /// Clients that all stay connected are not scanned again at each new one: the next pruning
+    /// waits until twice as many as it left are tracked.
+    #[test]
+    fn clients_all_in_use_are_pruned_at_doubling_counts() {
+        let clients = PerClientBudgets::new(10);
+        let kept: Vec<ByteBudget> =
+            (0..3 * CLIENTS_TRACKED_BEFORE_PRUNING as u32).map(|i| clients.of(IpAddr::from(i.to_be_bytes()))).collect();
+        let prune_at = clients.budgets.lock().unwrap().prune_at;
+        assert_eq!(prune_at, 4 * CLIENTS_TRACKED_BEFORE_PRUNING, "pruned at 1024 and at 2048, none let go");
+        drop(kept);
+        // 3,072 tracked: the 1,025th new client reaches 4,096 and prunes every one let go.
+        for i in 0..=CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
+            clients.of(IpAddr::from((1u32 << 31 | i).to_be_bytes()));
+        }
+        let tracked = clients.budgets.lock().unwrap().by_ip.len();
+        assert_eq!(tracked, 1, "those let go were pruned");
     }
 }

@@ -183,6 +183,16 @@ where
                    advertise = %config.advertise, data_dir = %absolute(&config.data_dir).display(),
                    min_free_bytes = config.min_free_bytes, peers = ?config.peers,
                    last_log_index = ?last_log_index, cluster_id = ?cluster_id, "pubsub-node started");
+    // Peers dial the advertised address; one on another host cannot reach a loopback socket
+    // (unless something on this host forwards to it, hence a warning, not a refusal).
+    if config.listen.ip().is_loopback() && !config::is_loopback(&config.advertise) {
+        tracing::warn!(
+            listen = %config.listen, advertise = %config.advertise,
+            "--listen is a loopback address but peers and clients are told to reach this node at another: from \
+             another host they cannot, unless a proxy on this host forwards to it; listen on 0.0.0.0 or the \
+             advertised address"
+        );
+    }
     // A single node reachable from elsewhere is as open: a stranger's vote or append would
     // change its log just the same.
     if config.peers.len() > 1 || !config.listen.ip().is_loopback() {
