@@ -357,7 +357,10 @@ async fn force_new_cluster(config: &Config, store: &mut raft_store::Store) -> Re
         .get_membership()
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let recorded = membership.effective().membership().get_node(&config.id).map(|n| n.addr.clone());
+    // The newest membership first; the committed one if a removal of this node is in flight.
+    let recorded = [membership.effective(), membership.committed()]
+        .into_iter()
+        .find_map(|m| m.membership().get_node(&config.id).map(|n| n.addr.clone()));
     let addr = match recorded {
         Some(addr) if config.advertise_guessed => addr,
         _ => config.advertise.clone(),

@@ -172,6 +172,9 @@ pub const APPENDED_ENTRY_OVERHEAD_BYTES: usize = 512;
 /// the 30 s grace period `deploy/docker-compose.yml` gives (about 28 s at worst) unless the
 /// store is stuck.
 pub const SHUTDOWN_REQUESTS_TIMEOUT: Duration = WRITE_TIMEOUT;
+/// A signal this long after the first, while the node stops, ends it at once (main.rs);
+/// sooner, it is taken for the same request sent twice.
+pub const SECOND_SIGNAL_AFTER: Duration = Duration::from_secs(1);
 /// How long a stopping node waits for its tasks to release the store before it exits.
 pub const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -141,7 +141,8 @@ async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u6
 }
 
 /// SIGTERM or SIGINT (Ctrl-C), their handlers installed now, when this is called, not when the
-/// future is first polled. A second one, while the node drains, ends the process at once: an
+/// future is first polled. A second one, at least [`pubsub_node::limits::SECOND_SIGNAL_AFTER`]
+/// after the first while the node drains, ends the process at once: an
 /// operator who asks twice does not want to wait (a write acknowledged is on a majority's disk
 /// already; acks received since the last flush are delivered again, as after `kill -9`).
 #[cfg(unix)]
@@ -165,8 +166,16 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     let mut interrupt = signal(SignalKind::interrupt()).ok();
     async move {
         next(&mut term, &mut interrupt).await;
+        let first = std::time::Instant::now();
         tokio::spawn(async move {
-            next(&mut term, &mut interrupt).await;
+            // One stop often sends two signals (Ctrl-C to a process group, then a supervisor's
+            // SIGTERM): only one a while after the first is an operator asking again.
+            loop {
+                next(&mut term, &mut interrupt).await;
+                if first.elapsed() >= pubsub_node::limits::SECOND_SIGNAL_AFTER {
+                    break;
+                }
+            }
             eprintln!("error: a second signal while stopping: exiting now");
             // SAFETY: as at the end of main, nothing runs after _exit.
             unsafe { libc::_exit(1) }

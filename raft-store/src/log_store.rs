@@ -350,10 +350,9 @@ fn run_syncer(segments: &SegmentLog, queue: &mpsc::Receiver<LogFlushed<TypeConfi
         waiting.extend(queue.try_iter());
         let started = Instant::now();
         let result = segments.sync();
-        // Only fsyncs that made appends durable are counted as such.
-        if result.is_ok() {
-            report(observer, waiting.len(), started);
-        }
+        // Every fsync is timed (a stalling disk that then fails shows); only appends it made
+        // durable are counted as such.
+        report(observer, if result.is_ok() { waiting.len() } else { 0 }, started);
         for callback in waiting {
             let outcome = match &result {
                 Ok(()) => Ok(()),
@@ -482,8 +481,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .append(first, records)
                     .and_then(|()| self.segments.sync())
                     .map_err(|e| std::io::Error::other(e.to_string()));
+                report(&self.observer, usize::from(result.is_ok()), started);
                 if result.is_ok() {
-                    report(&self.observer, 1, started);
                     self.recent().appended(appended);
                 }
                 let failed =

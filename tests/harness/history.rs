@@ -3,7 +3,8 @@
 //!
 //! It is given the acknowledged publishes, each node's final (sequence → id) log, and the
 //! sequences each subscriber connection received, and reports every violation of:
-//! - every acknowledged publish is present exactly once, at the sequence it was acknowledged with;
+//! - every acknowledged publish is present exactly once, at the sequence it was acknowledged
+//!   with, in every node's log (a node missing one is as wrong as all of them missing it);
 //! - every node serves the same (sequence → id) order (no fork);
 //! - sequences are contiguous from the first retained one;
 //! - no subscriber connection saw a gap (without a `messages_expired` notice) or a duplicate,
@@ -81,7 +82,7 @@ pub enum Observed {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
-    LostWrite { id: String, acked_sequence: u64, found: Option<u64> },
+    LostWrite { node: String, id: String, acked_sequence: u64, found: Option<u64> },
     DuplicateId { id: String, sequences: Vec<u64> },
     Fork { node: String, other: String, sequence: u64 },
     NotContiguous { node: String, after: u64, next: u64 },
@@ -114,6 +115,17 @@ impl History {
             for (seq, id) in log {
                 seen.entry(id).or_default().push(*seq);
             }
+            for (id, acked) in &self.acked {
+                let found = seen.get(id.as_str()).and_then(|s| s.first().copied());
+                if found != Some(*acked) {
+                    out.push(Violation::LostWrite {
+                        node: node.clone(),
+                        id: id.clone(),
+                        acked_sequence: *acked,
+                        found,
+                    });
+                }
+            }
             for (id, seqs) in seen {
                 if seqs.len() > 1 {
                     out.push(Violation::DuplicateId { id: id.to_string(), sequences: seqs });
@@ -127,16 +139,6 @@ impl History {
             }
         }
         if let Some((_, log)) = reference {
-            let mut positions: HashMap<&str, Vec<u64>> = HashMap::new();
-            for (seq, id) in log {
-                positions.entry(id).or_default().push(*seq);
-            }
-            for (id, acked) in &self.acked {
-                let found = positions.get(id.as_str()).and_then(|s| s.first().copied());
-                if found != Some(*acked) {
-                    out.push(Violation::LostWrite { id: id.clone(), acked_sequence: *acked, found });
-                }
-            }
             let by_seq: HashMap<u64, &String> = log.iter().map(|(s, id)| (*s, id)).collect();
             for run in &self.subscriptions {
                 let mut last = run.cursor;
@@ -230,7 +232,19 @@ mod tests {
     fn a_lost_write_is_reported() {
         let mut h = good();
         h.acked.insert("z".into(), 3);
-        assert!(h.check().contains(&Violation::LostWrite { id: "z".into(), acked_sequence: 3, found: None }));
+        let lost =
+            |node: &str| Violation::LostWrite { node: node.into(), id: "z".into(), acked_sequence: 3, found: None };
+        assert!(h.check().contains(&lost("n1")) && h.check().contains(&lost("n2")), "{:?}", h.check());
+    }
+
+    /// A node whose log is a prefix of the others', short of an acknowledged write: no fork,
+    /// but the write is lost there (only the longest log was checked before).
+    #[test]
+    fn a_write_missing_from_one_node_is_reported() {
+        let mut h = good();
+        h.logs.insert("n2".into(), log(&["a"]));
+        let lost = Violation::LostWrite { node: "n2".into(), id: "b".into(), acked_sequence: 2, found: None };
+        assert_eq!(h.check(), vec![lost]);
     }
 
     #[test]

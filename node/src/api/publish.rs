@@ -306,18 +306,21 @@ pub async fn publish(
     let written = match app.queue_write(request).await {
         Ok(queued) => {
             let (topic, id) = (topic.clone(), id.clone());
+            // The id stays in flight until the write resolves, also when the client hangs up
+            // first: a retry meanwhile is a duplicate, not a second proposal.
             committed_and_counted(&app, queued, move |app, written| {
+                drop(guard);
                 let written = written.inspect_err(|_| app.metrics.count_publish(Outcome::Error, 1))?;
                 Ok((written.log_index, stored_sequence(app, &topic, &id, written.response)))
             })
             .await
         }
         Err(e) => {
+            drop(guard);
             app.metrics.count_publish(Outcome::Error, 1);
             Err(e)
         }
     };
-    drop(guard);
     let (log_index, sequence) = written.map_err(|e| e.naming_id(&id))?;
     let body = PublishAnswer {
         id: &id,
@@ -484,7 +487,8 @@ async fn committed_and_counted<T: Send + 'static>(
         let written = app.committed(queued).await;
         count(&app, written)
     });
-    counted.await.unwrap_or_else(|e| Err(ApiError::internal(format!("the wait for a commit ended: {e}"))))
+    // Only a panic ends the task early; the write may still commit, which `not_committed` says.
+    counted.await.unwrap_or_else(|e| Err(ApiError::NotCommitted(format!("the wait for the commit failed: {e}"))))
 }
 
 /// The first half of [`publish_messages`]: checks that this node leads and the topic is
