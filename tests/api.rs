@@ -714,6 +714,7 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
         "pubsub_raft_log_bytes",
         "pubsub_storage_table_file_bytes{column_family=\"messages\"}",
         "pubsub_raft_inbound_bytes",
+        "pubsub_acks_dropped_total 0",
     ] {
         assert!(text.contains(metric), "missing {metric} in\n{text}");
     }

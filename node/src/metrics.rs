@@ -72,6 +72,8 @@ pub struct Metrics {
     pub delivered: Counter,
     /// Subscriber acks not recorded because their topic holds its most recorded cursors.
     pub acks_refused: Counter,
+    /// Mirrors [`crate::subscribe::acks::AckCoalescer::dropped`] at each render.
+    acks_dropped: Counter,
     raft_term: Gauge<u64, AtomicU64>,
     commit_index: Gauge<u64, AtomicU64>,
     last_applied: Gauge<u64, AtomicU64>,
@@ -139,6 +141,12 @@ impl Default for Metrics {
             "acks_refused",
             "Subscriber acks not recorded: their topic holds the most recorded cursors it may",
             acks_refused.clone(),
+        );
+        let acks_dropped = Counter::default();
+        registry.register(
+            "acks_dropped",
+            "Subscriber acks dropped before being recorded: too many waited for the next flush (a long outage)",
+            acks_dropped.clone(),
         );
         let raft_term = Gauge::<u64, AtomicU64>::default();
         registry.register("raft_term", "Current Raft term", raft_term.clone());
@@ -254,6 +262,7 @@ impl Default for Metrics {
             publishing_connections,
             delivered,
             acks_refused,
+            acks_dropped,
             raft_term,
             commit_index,
             last_applied,
@@ -334,6 +343,8 @@ impl Metrics {
             self.data_dir_available_bytes.set(bytes);
         }
         self.data_dir_min_free_bytes.set(app.disk_room.reserve());
+        // Renders take turns, so nothing else moves the counter between its read and this.
+        self.acks_dropped.inc_by(app.acks.dropped().saturating_sub(self.acks_dropped.get()));
         self.subscribers.set(app.subscription_count() as i64);
         let places_free = app.publishing_connections.available_permits();
         self.publishing_connections.set(PUBLISH_WS_CONNECTIONS_MAX.saturating_sub(places_free) as i64);

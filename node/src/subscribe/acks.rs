@@ -25,6 +25,8 @@ pub struct AckCoalescer {
     flushing: tokio::sync::Mutex<()>,
     /// Whether dropped acks were reported since the last flush.
     full_reported: std::sync::atomic::AtomicBool,
+    /// Acks dropped because [`ACKS_PENDING_MAX`] waited already (`pubsub_acks_dropped_total`).
+    dropped: std::sync::atomic::AtomicU64,
     /// When acks refused by the cluster were last logged.
     refused_reported_at: Mutex<Option<std::time::Instant>>,
 }
@@ -49,6 +51,7 @@ impl AckCoalescer {
         if pending.acks.len() >= ACKS_PENDING_MAX && !pending.acks.contains_key(&key) {
             // Full (acks of ended subscriptions kept through a long outage): this one is lost;
             // the subscriber sends its latest ack again when it reconnects.
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // Once per flush interval, not once per ack of every subscriber.
             if !self.full_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(
@@ -62,6 +65,11 @@ impl AckCoalescer {
         }
         pending.acks.insert(key, sequence);
         refused
+    }
+
+    /// Acks dropped since the node started, the pending ones being too many.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn take(&self) -> HashMap<Key, u64> {
@@ -184,6 +192,7 @@ mod tests {
             c.record("t", &i.to_string(), 1);
         }
         c.record("t", "0", 2);
+        assert_eq!(c.dropped(), 1, "the one past the bound is dropped and counted; a held one moves");
         let taken = c.take();
         assert_eq!(taken.len(), ACKS_PENDING_MAX);
         assert_eq!(taken[&("t".to_string(), "0".to_string())], 2, "a held pair still takes newer acks");
