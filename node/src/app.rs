@@ -187,6 +187,13 @@ impl App {
         self.config.client_addresses.get(&id).cloned().unwrap_or_else(|| raft_addr.to_string())
     }
 
+    /// The commit index to report beside `last_applied`: the one the log store saved, or what
+    /// is applied if more (a snapshot install moves the commit index without saving it, and
+    /// what is applied is committed).
+    pub fn commit_index(&self, last_applied: u64) -> u64 {
+        self.committed_index.load(Ordering::Relaxed).max(last_applied)
+    }
+
     /// Ok when this node leads; otherwise the redirect (or 503) a write must answer.
     pub fn require_leader(&self, path_and_query: &str) -> Result<(), ApiError> {
         self.require_leadership(self.leadership(), path_and_query)

@@ -156,7 +156,7 @@ impl<P> AsRef<[u8]> for Held<P> {
 /// ([`client_of`]).
 pub struct PerClientBudgets {
     max: usize,
-    budgets: Mutex<Clients>,
+    clients: Mutex<Clients>,
 }
 
 struct Clients {
@@ -191,13 +191,13 @@ const CLIENTS_TRACKED_BEFORE_PRUNING: usize = 1024;
 
 impl PerClientBudgets {
     pub fn new(max: usize) -> Self {
-        Self { max, budgets: Mutex::new(Clients { by_ip: HashMap::new(), prune_at: CLIENTS_TRACKED_BEFORE_PRUNING }) }
+        Self { max, clients: Mutex::new(Clients { by_ip: HashMap::new(), prune_at: CLIENTS_TRACKED_BEFORE_PRUNING }) }
     }
 
     /// The budget of the client at `ip` ([`client_of`]).
     pub fn of(&self, ip: IpAddr) -> ByteBudget {
         let ip = client_of(ip);
-        let mut clients = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(budget) = clients.by_ip.get(&ip) {
             return budget.clone();
         }
@@ -291,7 +291,7 @@ mod tests {
         for i in 0..CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
             drop(clients.of(IpAddr::from(i.to_be_bytes())).take(1).await);
         }
-        let tracked = clients.budgets.lock().unwrap().by_ip.len();
+        let tracked = clients.clients.lock().unwrap().by_ip.len();
         assert!(tracked < CLIENTS_TRACKED_BEFORE_PRUNING, "{tracked} clients tracked");
         // Pruning kept the budget still held from, and the one still kept.
         assert_eq!(clients.of(a).held(), 10);
@@ -307,14 +307,14 @@ mod tests {
         let clients = PerClientBudgets::new(10);
         let kept: Vec<ByteBudget> =
             (0..3 * CLIENTS_TRACKED_BEFORE_PRUNING as u32).map(|i| clients.of(IpAddr::from(i.to_be_bytes()))).collect();
-        let prune_at = clients.budgets.lock().unwrap().prune_at;
+        let prune_at = clients.clients.lock().unwrap().prune_at;
         assert_eq!(prune_at, 4 * CLIENTS_TRACKED_BEFORE_PRUNING, "pruned at 1024 and at 2048, none let go");
         drop(kept);
         // 3,072 tracked: the 1,025th new client reaches 4,096 and prunes every one let go.
         for i in 0..=CLIENTS_TRACKED_BEFORE_PRUNING as u32 {
             clients.of(IpAddr::from((1u32 << 31 | i).to_be_bytes()));
         }
-        let tracked = clients.budgets.lock().unwrap().by_ip.len();
+        let tracked = clients.clients.lock().unwrap().by_ip.len();
         assert_eq!(tracked, 1, "those let go were pruned");
     }
 }

@@ -154,17 +154,24 @@ impl ClaimsSeen {
 /// claims of the other nodes (its own claim is older than its own check).
 pub fn require_cluster_room(app: &App) -> Result<(), ApiError> {
     app.disk_room.require_room()?;
-    if !app.reader.any_disk_short() {
-        return Ok(());
-    }
-    let claims = app.reader.disk_short_claims();
-    let members = members(app);
-    let mut nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), Some(app.id()));
-    nodes.retain(|node| members.contains(node));
+    let nodes = members_short_of_room(app, Some(app.id()));
     if nodes.is_empty() {
         return Ok(());
     }
     Err(ApiError::NodesShortOfStorage { nodes })
+}
+
+/// The members of the cluster (but `except`) whose claim to be short of disk room is fresh:
+/// what the leader refuses writes for, and what `/cluster` lists.
+pub fn members_short_of_room(app: &App, except: Option<u64>) -> Vec<u64> {
+    if !app.reader.any_disk_short() {
+        return Vec::new();
+    }
+    let claims = app.reader.disk_short_claims();
+    let members = members(app);
+    let mut nodes = app.claims_seen.fresh(&claims, tokio::time::Instant::now().into_std(), except);
+    nodes.retain(|node| members.contains(node));
+    nodes
 }
 
 /// The nodes of the cluster's membership now, voters and learners. A node removed while it

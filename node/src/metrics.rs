@@ -334,10 +334,7 @@ impl Metrics {
                 self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
             }
         }
-        // A snapshot install moves the commit index without saving it (openraft), so it can
-        // lag what is applied until the next entry; what is applied is committed.
-        let committed = app.committed_index.load(std::sync::atomic::Ordering::Relaxed);
-        self.commit_index.set(committed.max(self.last_applied.get()));
+        self.commit_index.set(app.commit_index(self.last_applied.get()));
         self.log_bytes.set(app.log_files.bytes());
         if let Some(bytes) = raft_store::available_bytes(&app.config.data_dir) {
             self.data_dir_available_bytes.set(bytes);

@@ -1,6 +1,5 @@
 //! `GET /cluster`, `/health`, `/ready`, `/metrics` (API.md §2).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -49,12 +48,8 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         peers = app.config.peers.iter().map(|(id, addr)| (*id, addr.clone())).collect();
     }
     peers.sort();
-    let mut short_of_disk = match app.reader.any_disk_short() {
-        true => app.claims_seen.fresh(&app.reader.disk_short_claims(), tokio::time::Instant::now().into_std(), None),
-        false => Vec::new(),
-    };
-    // As the leader's refusal counts them: a removed node's claim, until it is withdrawn, is not.
-    short_of_disk.retain(|node| membership.get_node(node).is_some());
+    // As the leader's refusal counts them (its own claim included here).
+    let short_of_disk = crate::disk_room::members_short_of_room(&app, None);
     Json(json!({
         "node_id": format!("node-{}", app.id()),
         "version": crate::VERSION,
@@ -72,7 +67,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
             "node_id": format!("node-{}", m.vote.leader_id.node_id),
             "committed": m.vote.committed,
         },
-        "commit_index": app.committed_index.load(Ordering::Relaxed).max(m.last_applied.map(|l| l.index).unwrap_or(0)),
+        "commit_index": app.commit_index(m.last_applied.map_or(0, |l| l.index)),
         "role": role(m.state),
         "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
         "nodes_short_of_disk": crate::error::node_names(&short_of_disk),
@@ -89,7 +84,7 @@ pub async fn health() -> Json<Value> {
 /// committed.
 pub async fn ready(State(app): State<SharedApp>) -> Result<Json<Value>, ApiError> {
     let applied = app.raft.metrics().borrow().last_applied.map(|l| l.index).unwrap_or(0);
-    let committed = app.committed_index.load(Ordering::Relaxed);
+    let committed = app.commit_index(applied);
     if app.leadership() == Leadership::Unknown {
         return Err(ApiError::NotReady("no leader is known".into()));
     }

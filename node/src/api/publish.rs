@@ -316,7 +316,6 @@ pub async fn publish(
             .await
         }
         Err(e) => {
-            drop(guard);
             app.metrics.count_publish(Outcome::Error, 1);
             Err(e)
         }
