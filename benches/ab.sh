@@ -31,7 +31,8 @@ python3 - "$LABEL" "$(tail -1 "$CLUSTER_DIR/out")" "$before" "$after" "$(cat "$C
 import json, sys
 label, line, before, after, gen, rss, cluster_dir, written = sys.argv[1:]
 report = json.loads(line)
-keys = [k for k in report if any(s in k for s in ("msgs_per_sec", "p50", "p99", "deliver"))]
+# A run with failed publishes is no measure of the build: its errors are shown first.
+keys = [k for k in report if k in ("messages", "errors", "first_error") or any(s in k for s in ("msgs_per_sec", "p50", "p99", "deliver"))]
 node_cpu = [round(b - a, 2) for a, b in zip(map(float, before.split()), map(float, after.split()))]
 
 def fsyncs(node):

@@ -30,11 +30,14 @@
 #   SECTIONS="publish ws batch fanout" which sections to run
 #   SYSTEMS="ours nats etcd edge"  which systems to run (etcd and edge only take part in publish)
 #   CONCURRENCY="1 16 64"       publish: C values
-#   MESSAGES="3000 10000 20000" publish: messages per C (same order as CONCURRENCY)
+#   MESSAGES="3000 40000 80000" publish: messages per C (same order as CONCURRENCY); sized so
+#                               that every run lasts seconds (about 3-5 s for NATS and ours,
+#                               more for etcd), not one: a one-second run is mostly setup and
+#                               start-up, with a few dozen samples past p99.9
 #   WS_CONCURRENCY="64 256"     ws: C values (NATS runs the ones publish has not run)
-#   WS_MESSAGES="20000 40000"   ws: messages per C
+#   WS_MESSAGES="80000 160000"  ws: messages per C
 #   BATCH="100:16 1000:16"      batch: runs as B:C (B messages per request, C requests in flight)
-#   BATCH_MESSAGES=200000       batch: messages per run
+#   BATCH_MESSAGES=600000       batch: messages per run
 #   FANOUT="100:1000 1000:100"  fanout: runs as K:R (K subscribers, R msgs/s) or K:R:N
 #   FANOUT_SECS=10              fanout: N = R x FANOUT_SECS when a run gives no N
 #   FANOUT_TRANSPORT=http       fanout: how ours publishes (http or ws)
@@ -78,12 +81,12 @@ EDGE_BIN="$PEERS_TARGET/release/http-edge"
 
 read -r -a SECT <<<"${SECTIONS:-publish ws batch fanout}"
 read -r -a CS <<<"${CONCURRENCY:-1 16 64}"
-read -r -a NS <<<"${MESSAGES:-3000 10000 20000}"
+read -r -a NS <<<"${MESSAGES:-3000 40000 80000}"
 read -r -a WS_CS <<<"${WS_CONCURRENCY:-64 256}"
-read -r -a WS_NS <<<"${WS_MESSAGES:-20000 40000}"
+read -r -a WS_NS <<<"${WS_MESSAGES:-80000 160000}"
 read -r -a FANOUT_RUNS <<<"${FANOUT:-100:1000 1000:100}"
 read -r -a BATCH_RUNS <<<"${BATCH:-100:16 1000:16}"
-BATCH_MESSAGES=${BATCH_MESSAGES:-200000}
+BATCH_MESSAGES=${BATCH_MESSAGES:-600000}
 read -r -a SYS <<<"${SYSTEMS:-ours nats etcd edge}"
 FANOUT_SECS=${FANOUT_SECS:-10}
 FANOUT_TRANSPORT=${FANOUT_TRANSPORT:-http}
@@ -156,6 +159,13 @@ wait_for() {
     done
 }
 
+# forget_pid PID: drops PID from PIDS (the element, not a substring of the others).
+forget_pid() {
+    local kept=() p
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || kept+=("$p"); done
+    PIDS=("${kept[@]}")
+}
+
 # Starts a background process with its output in $WORK/<name>.log and remembers its pid.
 spawn() {
     local name=$1; shift
@@ -180,7 +190,7 @@ run_gen() {
     local pid=$!
     PIDS+=("$pid")
     wait "$pid" || log "$name generator exited with status $?"
-    PIDS=("${PIDS[@]/$pid}")
+    forget_pid "$pid"
     BUSY_SECS=$(awk -v a="$before" -v b="$(busy_ticks)" -v hz="$CLK_TCK" 'BEGIN { printf "%.3f", (b - a) / hz }')
     LINE=$(tail -n 1 "$WORK/gen.out")
 }
@@ -204,15 +214,16 @@ record() {
 # record_fanout SYSTEM K R REQUESTED_MESSAGES JSON_LINE
 record_fanout() {
     local sys=$1 k=$2 r=$3 want=$4 line=$5
-    local rate n errs got miss d50 d99 d999
+    local rate n errs got miss derrs d50 d99 d999
     rate=$(json_num msgs_per_sec "$line"); n=$(json_num messages "$line"); errs=$(json_num errors "$line")
-    got=$(json_num delivered "$line"); miss=$(json_num deliver_missing "$line")
+    got=$(json_num delivered "$line"); miss=$(json_num deliver_missing "$line"); derrs=$(json_num deliver_errors "$line")
     d50=$(json_num deliver_p50_ms "$line"); d99=$(json_num deliver_p99_ms "$line"); d999=$(json_num deliver_p999_ms "$line")
     if [ -z "$d99" ]; then note "$sys fanout K=$k R=$r: no result"; return; fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$k" "$r" "$want" "$rate" "$n" "${errs:-0}" \
         "$got" "${miss:-0}" "$d50" "$d99" "$d999" >>"$FANOUT_RESULTS"
-    log "$sys fanout K=$k R=$r: $(printf '%.0f msgs/s, %s acked, %s delivered, %s missing; deliver p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms' \
-        "$rate" "$n" "$got" "${miss:-0}" "$d50" "$d99" "$d999")"
+    log "$sys fanout K=$k R=$r: $(printf '%.0f msgs/s, %s acked, %s errors, %s delivered, %s missing, %s stream errors; deliver p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms' \
+        "$rate" "$n" "${errs:-0}" "$got" "${miss:-0}" "${derrs:-0}" "$d50" "$d99" "$d999")"
+    if [ "${derrs:-0}" != 0 ]; then note "$sys fanout K=$k R=$r: $derrs subscriber stream errors (gaps or reconnects spent)"; fi
 }
 
 # have_pkg BINARY PACKAGE: the binary exists, or the package installs.
@@ -443,6 +454,11 @@ echo
 echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_CONTENT), every publish awaited until acknowledged"
 [ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
+# What "acknowledged" means differs: say so, with the peers' versions, under every table.
+echo "Acknowledged: ours once a majority fsynced the entry; NATS ($(nats-server --version 2>/dev/null || echo "not run"))"
+echo "at its PubAck, stored by a majority but fsynced only every 2 minutes (its default sync_interval);"
+echo "etcd ($(etcd --version 2>/dev/null | head -n 1 || echo "not run")) once a majority fsynced, each put through its"
+echo "JSON gateway (/v3/kv/put), which costs etcd a JSON-to-gRPC hop per request."
 if section publish; then
     echo
     echo "Publish (ours over HTTP), C requests in flight; the HTTP edge alone is our publish API with no Raft and no"

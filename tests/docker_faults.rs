@@ -60,8 +60,9 @@ const ACKS_PER_PHASE: usize = 40;
 const PUBLISH_DEADLINE: Duration = Duration::from_secs(30);
 /// One HTTP attempt of a publisher: short, so a paused or cut node costs little.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// A write sent straight to the cut-off leader: a 201 would have to come within this.
-const CUT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A write sent straight to the cut-off leader waits this long for its answer: past the
+/// node's own write timeout (5 s), so that whatever it answers, a 201 included, is seen.
+const CUT_PROBE_TIMEOUT: Duration = Duration::from_secs(7);
 const CLUSTER_POLL_TIMEOUT: Duration = Duration::from_millis(500);
 const STARTUP: Duration = Duration::from_secs(120);
 const LEADER_WAIT: Duration = Duration::from_secs(30);
@@ -874,12 +875,13 @@ async fn leader_cut(run: &mut Run) {
     run.deployment.disconnect(old).await;
     let t0 = Instant::now();
 
+    // One write every 100 ms, each waiting for its own answer (up to CUT_PROBE_TIMEOUT), so a
+    // slow answer neither hides a later one nor goes unseen.
     let probe_stop = Arc::new(AtomicBool::new(false));
     let prober = {
         let stop = probe_stop.clone();
         tokio::spawn(async move {
-            let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
-            let mut acked = Vec::new();
+            let mut probes = Vec::new();
             let mut k = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 k += 1;
@@ -888,18 +890,24 @@ async fn leader_cut(run: &mut Run) {
                     .post(format!("{}/topics/{TOPIC}/messages", url(old)))
                     .timeout(CUT_PROBE_TIMEOUT)
                     .json(&json!({"id": id, "payload": {"cut": k}}));
-                let key = match http::send(request).await {
-                    Ok(r) => {
-                        if r.status == 201 {
-                            acked.push((id, r.body["sequence"].as_u64().unwrap_or(0)));
+                probes.push(tokio::spawn(async move {
+                    match http::send(request).await {
+                        Ok(r) => {
+                            let acked = (r.status == 201).then(|| (id, r.body["sequence"].as_u64().unwrap_or(0)));
+                            (r.status.to_string(), acked)
                         }
-                        r.status.to_string()
+                        Err(e) if e.is_timeout() => ("timeout".to_string(), None),
+                        Err(_) => ("error".to_string(), None),
                     }
-                    Err(e) if e.is_timeout() => "timeout".into(),
-                    Err(_) => "error".into(),
-                };
-                *statuses.entry(key).or_default() += 1;
+                }));
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
+            let mut acked = Vec::new();
+            for probe in probes {
+                let (status, ack) = probe.await.unwrap_or_else(|_| ("panicked".to_string(), None));
+                *statuses.entry(status).or_default() += 1;
+                acked.extend(ack);
             }
             (k, statuses, acked)
         })
@@ -925,6 +933,11 @@ async fn leader_cut(run: &mut Run) {
     let agreed = t1.elapsed();
 
     let mut violations = slow_election(elected);
+    // The cut leader answers each write (503 once it knows it has lost its quorum, 504 at its
+    // write timeout): writes that all went unanswered would show nothing of what it does.
+    if statuses.keys().all(|status| status == "timeout" || status == "error") {
+        violations.push(format!("the cut leader answered none of the {sent} writes sent to it: {statuses:?}"));
+    }
     let note = format!(
         "cut {} for {}; {} elected in {}; one leader ({}) {} after heal; cut leader still said role={} during the cut; \
          {sent} writes sent to it: {statuses:?}",

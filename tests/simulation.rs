@@ -3,8 +3,8 @@
 //!
 //! Every node runs the production server code (`pubsub_node::run`) over turmoil's sockets
 //! and clock. A seeded RNG drives the faults: partitions (symmetric, one-way, isolating the
-//! leader), crashes with restarts from the same data dir, clean stops of the leader (which hands
-//! over), message delay and clock jumps.
+//! leader), crashes (of a minority, or of every node at once) with restarts from the same data
+//! dir, clean stops of the leader (which hands over), message delay and clock jumps.
 //! Clients publish with retries that keep the id, and subscribe with reconnects that resume
 //! from their last sequence. An observer asks every node for its saved vote every
 //! [`OBSERVE_EVERY`], so that a vote that goes back (an older term, or a lower candidate within
@@ -449,6 +449,16 @@ fn run(s: &Scenario) -> Result<Run, String> {
                 let ms = rng.gen_range(1..60);
                 sim.set_max_message_latency(Duration::from_millis(ms));
                 trace.push(format!("{now:?} latency up to {ms}ms"));
+            }
+            // Every node at once, publishes in flight: each restarts from what its crash left
+            // (its log, and the state machine as of its last flush, the rest redone).
+            31 if down.is_empty() && cut.is_none() => {
+                let until = now + Duration::from_millis(rng.gen_range(500..2000));
+                for i in 0..s.nodes {
+                    sim.crash(host(i));
+                    down.push((i, until));
+                }
+                trace.push(format!("{now:?} crash every node until {until:?}"));
             }
             _ => {}
         }

@@ -266,6 +266,11 @@ where
     if tokio::time::timeout(limits::CLOSE_HANDSHAKE_TIMEOUT, app.closing.wait()).await.is_err() {
         tracing::debug!(closing = app.closing.len(), "close handshakes still unanswered at shutdown");
     }
+    // Raft has stopped applying: what it applied reaches disk now, not through a replay of
+    // the log at the next start.
+    if let Err(e) = store_closed.flush_applied() {
+        tracing::warn!(error = %e, "the state machine was not flushed; the next start redoes its last applies from the log");
+    }
     let subscriptions = app.subscriptions.load(Ordering::Relaxed);
     drop((app, raft));
     // Every task holding the store has been told to stop; RocksDB closes when the last one has.

@@ -53,6 +53,8 @@ async fn restart_from_disk_gives_the_same_state() {
         }
         store.log_store.blocking_append(entries.clone()).await.unwrap();
         store.state_machine.apply(entries).await.unwrap();
+        // What a clean stop does before RocksDB closes.
+        store.closed.flush_applied().unwrap();
         ((dump(&store.reader), store.state_machine.applied_state().await.unwrap()), store.closed)
     };
     // RocksDB lets go of its lock file once the last handle to it drops.
@@ -65,6 +67,42 @@ async fn restart_from_disk_gives_the_same_state() {
     // The next publish continues the sequence.
     let r = store.state_machine.apply([entry(53, publish("a", "next"))]).await.unwrap();
     assert_eq!(r, vec![Response::Published { results: vec![raft_store::PublishResult::Stored { sequence: 26 }] }]);
+}
+
+/// A crash loses the applies not yet flushed (they skip RocksDB's WAL, and RocksDB closing
+/// flushes nothing, as a killed process could not): the state machine starts back at its
+/// last flush, and openraft's start applies the committed entries after it again, to the
+/// same state.
+#[tokio::test]
+async fn a_crash_loses_unflushed_applies_and_the_start_redoes_them_from_the_log() {
+    use openraft::storage::StorageHelper;
+    let dir = tempfile::tempdir().unwrap();
+    let before = {
+        let mut store = raft_store::open(dir.path()).unwrap();
+        // From index 0, as a log openraft starts is (the start reads from the first index).
+        let mut entries = vec![entry(0, create("a"))];
+        for i in 0..20 {
+            entries.push(entry(1 + i, publish("a", &format!("m{i}"))));
+        }
+        store.log_store.blocking_append(entries.clone()).await.unwrap();
+        store.log_store.save_committed(Some(entries[20].log_id)).await.unwrap();
+        store.state_machine.apply(entries[..10].to_vec()).await.unwrap();
+        store.closed.flush_applied().unwrap();
+        store.state_machine.apply(entries[10..].to_vec()).await.unwrap();
+        let before = (dump(&store.reader), store.state_machine.applied_state().await.unwrap());
+        // The crash: every handle dropped, nothing flushed.
+        close(store).await;
+        before
+    };
+    let mut store = raft_store::open(dir.path()).unwrap();
+    let (applied, _) = store.state_machine.applied_state().await.unwrap();
+    assert_eq!(applied.map(|l| l.index), Some(9), "back at the last flush");
+    assert_eq!(store.reader.topic("a").unwrap().current_sequence, 9);
+    StorageHelper::new(&mut store.log_store, &mut store.state_machine).get_initial_state().await.unwrap();
+    assert_eq!((dump(&store.reader), store.state_machine.applied_state().await.unwrap()), before);
+    // Each redone publish is stored once: the next continues the sequence.
+    let r = store.state_machine.apply([entry(21, publish("a", "next"))]).await.unwrap();
+    assert_eq!(r, vec![Response::Published { results: vec![raft_store::PublishResult::Stored { sequence: 21 }] }]);
 }
 
 /// Data directories of earlier builds kept the Raft log in RocksDB's `log` column family:
@@ -352,6 +390,8 @@ async fn a_malformed_received_snapshot_is_refused_and_changes_nothing() {
         let left: Vec<_> = std::fs::read_dir(follower.state_machine.snapshot_dir()).unwrap().collect();
         assert!(left.is_empty(), "a refused snapshot leaves no file: {left:?}");
     }
+    // A clean stop.
+    follower.closed.flush_applied().unwrap();
     let closed = follower.closed;
     drop((follower.log_store, follower.state_machine, follower.reader));
     assert!(closed.wait(Duration::from_secs(5)).await);
@@ -617,7 +657,8 @@ async fn a_state_machine_ahead_of_the_durable_log_after_a_power_cut_gets_a_snaps
         let cut = LogCut::here(dir.path());
         store.log_store.blocking_append(lost_entries()).await.unwrap();
         store.state_machine.apply(lost_entries()).await.unwrap();
-        // Closing flushes the state machine to disk, as a memtable flush may before a power cut.
+        // The state machine reaches the disk, as a memtable flush may before a power cut.
+        store.closed.flush_applied().unwrap();
         close(store).await;
         cut
     };
