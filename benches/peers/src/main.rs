@@ -67,6 +67,10 @@ struct Args {
     drain: Duration,
 }
 
+/// Messages a paced publisher behind its schedule sends back to back before the schedule
+/// slips to now: `BENCH_PACE_CATCH_UP_MAX` of `pubsub bench`, so both systems are paced alike.
+const PACE_CATCH_UP_MAX: u32 = 4;
+
 const USAGE: &str = "usage: peers-bench nats|etcd --servers A,B,C --concurrency C --messages N\n       \
                      peers-bench nats-fanout --servers A,B,C --subscribers K --rate R --messages N";
 
@@ -425,9 +429,12 @@ async fn run_nats_fanout(a: &Args) -> Result<(), Error> {
     }
     eprintln!("peers-bench: {} ordered {} consumers ready on {conns} connections", a.subscribers, a.consumer);
 
-    // One publisher: message n is due at start + n/R; up to `inflight` publishes await their
-    // PubAck at once. A publish late by its due time goes out at once (no catching-up skip).
+    // One publisher: message n is due at origin + n/R; up to `inflight` publishes await their
+    // PubAck at once. The same schedule as `pubsub bench --rate` (client/src/bench/pace.rs): a
+    // publisher behind it sends at most PACE_CATCH_UP_MAX messages back to back, then the
+    // schedule slips to now, so a stall does not turn into a burst for one system only.
     let start = Instant::now();
+    let (mut origin, mut scheduled) = (start, 0u64);
     let mut pending = FuturesUnordered::new();
     let mut hist = new_hist();
     let (mut sent, mut acked, mut errors, mut first_error) = (0u64, 0u64, 0u64, None::<String>);
@@ -435,11 +442,18 @@ async fn run_nats_fanout(a: &Args) -> Result<(), Error> {
         let mut wait_until = None;
         while pending.len() < a.inflight && sent < a.messages && start.elapsed() < a.duration {
             if a.rate > 0.0 {
-                let due = start + Duration::from_secs_f64(sent as f64 / a.rate);
-                if due > Instant::now() {
+                let now = Instant::now();
+                let mut due = origin + Duration::from_secs_f64(scheduled as f64 / a.rate);
+                let catch_up = Duration::from_secs_f64(PACE_CATCH_UP_MAX as f64 / a.rate);
+                let earliest = now.checked_sub(catch_up).unwrap_or(now);
+                if due < earliest {
+                    (origin, scheduled, due) = (earliest, 0, earliest);
+                }
+                if due > now {
                     wait_until = Some(tokio::time::Instant::from_std(due));
                     break;
                 }
+                scheduled += 1;
             }
             let (js, subject) = (js.clone(), subject.clone());
             let body = timed_payload(a.payload_bytes, now_us());
