@@ -188,9 +188,9 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
     kill_and_restart_everything(&mut c, "t", &acked).await;
 }
 
-/// Every node killed at once with publishes in flight: nothing acknowledged is lost, every
-/// node redoes from its log the applies its crash lost (the state machine's applies reach the
-/// disk only at a flush), and the restarted cluster takes the load again.
+/// Every node killed at once with publishes in flight: nothing acknowledged is lost and the
+/// restarted cluster takes the load again. Each node starts from its fsynced log and from its
+/// state machine as of its last flush (applies skip RocksDB's WAL), redoing the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_killed_under_load_loses_no_acked_publish() {
     let mut c = Cluster::start(Options::default()).await;

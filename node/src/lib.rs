@@ -252,6 +252,9 @@ where
     // A leader hands over once its Raft has stopped (so no heartbeat of its own renews its
     // lease behind the hand-over), to a voter that held its whole log while it still ran.
     let handover = raft::handover::prepare(&raft, config.id).await;
+    // What Raft applied reaches disk when its state machine is dropped, not through a replay
+    // of the log at the next start.
+    store_closed.stop_cleanly();
     match tokio::time::timeout(limits::SHUTDOWN_RAFT_TIMEOUT, raft.shutdown()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "raft did not stop cleanly"),
@@ -265,11 +268,6 @@ where
     app.closing.close();
     if tokio::time::timeout(limits::CLOSE_HANDSHAKE_TIMEOUT, app.closing.wait()).await.is_err() {
         tracing::debug!(closing = app.closing.len(), "close handshakes still unanswered at shutdown");
-    }
-    // Raft has stopped applying: what it applied reaches disk now, not through a replay of
-    // the log at the next start.
-    if let Err(e) = store_closed.flush_applied() {
-        tracing::warn!(error = %e, "the state machine was not flushed; the next start redoes its last applies from the log");
     }
     let subscriptions = app.subscriptions.load(Ordering::Relaxed);
     drop((app, raft));

@@ -24,8 +24,8 @@ const DEDUP_MEMTABLE_BLOOM_RATIO: f64 = 0.1;
 
 pub fn open(path: &Path) -> Result<DB, StoreError> {
     crate::segments::create_dir_durably(path)?;
-    // Closing flushes nothing: a clean stop flushes the state machine itself
-    // ([`flush_state_machine`], through `Closed::flush_applied`), and a crash cannot. A closing
+    // Closing flushes nothing: a clean stop flushes the state machine itself (when it is
+    // dropped after `Closed::stop_cleanly`), and a crash cannot. A closing
     // flush would make a crashed node in the simulation (whose store is dropped, not killed)
     // keep applies that a killed process loses, and never redo them from the log. The crate
     // has no setter for this option: it is given by name.

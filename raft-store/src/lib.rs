@@ -63,24 +63,25 @@ pub struct Store {
 /// Watches for RocksDB to be closed: it closes when the last handle (log store, state
 /// machine, readers) is dropped. A process must not exit while it is open: RocksDB's
 /// background threads would still run while static destructors do, and abort the process.
-pub struct Closed(std::sync::Weak<rocksdb::DB>);
+pub struct Closed {
+    db: std::sync::Weak<rocksdb::DB>,
+    /// Shared with the state machine, which flushes itself when dropped once this is set.
+    clean_stop: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl Closed {
-    /// Writes the applies still held in memory to disk, so that the next start does not redo
-    /// them from the log. A clean stop calls it once Raft has stopped; RocksDB itself flushes
-    /// nothing when it closes (see `db::open`). Nothing to do once the database is closed.
-    pub fn flush_applied(&self) -> Result<(), StoreError> {
-        match self.0.upgrade() {
-            Some(db) => db::flush_state_machine(&db),
-            None => Ok(()),
-        }
+    /// Makes this a clean stop: the state machine, when openraft drops it after its last
+    /// apply, writes its applies to disk, so that the next start redoes none of them from
+    /// the log. Without it (a crash) they are lost, as in a killed process, and redone.
+    pub fn stop_cleanly(&self) {
+        self.clean_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Waits until the database is closed, polling every 10 ms, at most `timeout`.
     /// Returns whether it closed.
     pub async fn wait(&self, timeout: std::time::Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
-        while self.0.strong_count() > 0 {
+        while self.db.strong_count() > 0 {
             if tokio::time::Instant::now() >= deadline {
                 return false;
             }
@@ -116,6 +117,6 @@ pub fn open_with(data_dir: &Path, mode: IoMode) -> Result<Store, StoreError> {
     let log_store = LogStore::new(db.clone(), &data_dir.join("log"), mode)?;
     let state_machine = StateMachine::open(db.clone(), data_dir.join(SNAPSHOTS_DIR), feeds.clone(), mode)?;
     let reader = state_machine.reader();
-    let closed = Closed(Arc::downgrade(&db));
+    let closed = Closed { db: Arc::downgrade(&db), clean_stop: state_machine.clean_stop_flag() };
     Ok(Store { log_store, state_machine, reader, closed })
 }

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -49,6 +49,9 @@ pub struct StateMachine {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshots: SnapshotFiles,
+    /// Set when the node stops cleanly ([`crate::Closed::stop_cleanly`]): then dropping the
+    /// state machine writes its applies to disk.
+    clean_stop: Arc<AtomicBool>,
 }
 
 /// Where snapshot files live, and the lock that keeps building and installing from
@@ -94,9 +97,15 @@ impl StateMachine {
             last_applied: None,
             membership: StoredMembership::default(),
             snapshots,
+            clean_stop: Arc::new(AtomicBool::new(false)),
         };
         sm.load()?;
         Ok(sm)
+    }
+
+    /// The flag that makes dropping this state machine flush it (see [`crate::Closed`]).
+    pub(crate) fn clean_stop_flag(&self) -> Arc<AtomicBool> {
+        self.clean_stop.clone()
     }
 
     /// The read side, sharing this state machine's topics and feeds.
@@ -619,6 +628,24 @@ impl StateMachine {
     }
 }
 
+/// A clean stop writes the applies still in memory to disk, and fsyncs RocksDB's WAL (the
+/// commit index and purge point, written without an fsync), so that the next start has
+/// nothing to redo or learn again. openraft drops the state machine after its last apply,
+/// which may come after its core has stopped. A crash cannot flush, and RocksDB closing
+/// flushes nothing (`db::open`): a simulated crash, which drops the state machine without
+/// the flag, then loses the unflushed applies as a killed process does.
+impl Drop for StateMachine {
+    fn drop(&mut self) {
+        if !self.clean_stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let flushed = flush_state_machine(&self.db).and_then(|()| Ok(self.db.flush_wal(true)?));
+        if let Err(e) = flushed {
+            tracing::warn!(error = %e, "the state machine was not flushed at the stop; the next start redoes its last applies from the log");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::snapshot_file_name;
@@ -686,6 +713,8 @@ mod tests {
 
         let mut follower = crate::open(follower_dir.path()).unwrap();
         follower.state_machine.apply(vec![entry(1, create("stale", Retention::default()))]).await.unwrap();
+        // On disk, so that only the redone install can clear it (closing flushes nothing).
+        crate::db::flush_state_machine(&follower.state_machine.db).unwrap();
         // What a crash leaves: the received file in place, the marker naming it, and the first
         // batch of the install (`snapshot::install_pending`) written; nothing after.
         let files = follower.state_machine.snapshots.clone();
