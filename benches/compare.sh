@@ -8,7 +8,7 @@
 #
 # Sections (SECTIONS, default all four):
 #   publish  256-byte payloads, every publish awaited until acknowledged (ours: quorum fsync,
-#            over HTTP; NATS: JetStream PubAck; etcd: put response), C requests in flight in
+#            over HTTP; NATS: JetStream PubAck; etcd: gRPC put response), C requests in flight in
 #            total. Ours, NATS, etcd, and `edge`: our publish API's HTTP edge alone
 #            (benches/peers/src/bin/http-edge.rs: one process, the node's HTTP stack and
 #            request parsing, no Raft, no disk) driven by the same `pubsub bench`, the ceiling
@@ -251,6 +251,8 @@ for s in "${SYS[@]}"; do
     case $s in nats) NEED_PEERS=1 ;; etcd | edge) if section publish; then NEED_PEERS=1; fi ;; esac
 done
 if [ -n "$NEED_PEERS" ]; then
+    # etcd-client compiles etcd's protobuf definitions when it builds.
+    have_pkg protoc protobuf-compiler || { log "protoc missing and protobuf-compiler not installable: the peers cannot be built"; exit 1; }
     log "building the peers' load generator and the HTTP edge into $PEERS_TARGET"
     CARGO_TARGET_DIR="$PEERS_TARGET" cargo build --release --quiet --manifest-path "$ROOT/benches/peers/Cargo.toml"
 fi
@@ -457,8 +459,8 @@ echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LO
 # What "acknowledged" means differs: say so, with the peers' versions, under every table.
 echo "Acknowledged: ours once a majority fsynced the entry; NATS ($(nats-server --version 2>/dev/null || echo "not run"))"
 echo "at its PubAck, stored by a majority but fsynced only every 2 minutes (its default sync_interval);"
-echo "etcd ($(etcd --version 2>/dev/null | head -n 1 || echo "not run")) once a majority fsynced, each put through its"
-echo "JSON gateway (/v3/kv/put), which costs etcd a JSON-to-gRPC hop per request."
+echo "etcd ($(etcd --version 2>/dev/null | head -n 1 || echo "not run")) once a majority fsynced (puts over gRPC, its own"
+echo "client protocol, C in flight on one connection to the leader)."
 if section publish; then
     echo
     echo "Publish (ours over HTTP), C requests in flight; the HTTP edge alone is our publish API with no Raft and no"

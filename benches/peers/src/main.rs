@@ -14,8 +14,9 @@
 //! request, from just before it is sent to its acknowledgement:
 //! - nats: `jetstream.publish(subject, payload).await?.await?` (the PubAck of an R3,
 //!   file-backed stream, which is recreated fresh at the start of every run);
-//! - etcd: `POST /v3/kv/put` on the v3 JSON gateway, distinct key per message, sent to the
-//!   leader's client URL (found with `/v3/maintenance/status`).
+//! - etcd: a put over gRPC (etcd's own client protocol, the `etcd-client` crate), distinct key
+//!   per message, every task's puts sharing one connection to the leader (found by asking each
+//!   member's status).
 //!
 //! Fan-out (`nats-fanout`), the counterpart of `pubsub bench --subscribers K --rate R`: a
 //! fresh R3 file-backed stream, K JetStream *ordered consumers* (ephemeral, R1, no acks,
@@ -39,11 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use serde_json::{json, Value};
+use serde_json::json;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -528,24 +527,13 @@ async fn run_nats_fanout(a: &Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// POSTs a JSON body to etcd's v3 gateway and returns the JSON answer.
-async fn etcd_post(http: &reqwest::Client, url: &str, body: String) -> Result<Value, Error> {
-    let resp = http.post(url).header("content-type", "application/json").body(body).send().await?;
-    let status = resp.status();
-    let bytes = resp.bytes().await?;
-    if !status.is_success() {
-        return Err(format!("{url}: HTTP {status}: {}", String::from_utf8_lossy(&bytes)).into());
-    }
-    Ok(serde_json::from_slice(&bytes)?)
-}
-
-/// The client URL of the member that leads, found by asking every member for its status.
-async fn etcd_leader(http: &reqwest::Client, servers: &[String]) -> Result<String, Error> {
+/// The endpoint of the member that leads, found by asking every member for its status.
+async fn etcd_leader(servers: &[String]) -> Result<String, Error> {
     for s in servers {
-        let Ok(st) = etcd_post(http, &format!("{s}/v3/maintenance/status"), "{}".into()).await else { continue };
-        let me = st["header"]["member_id"].as_str().unwrap_or_default();
-        let leader = st["leader"].as_str().unwrap_or_default();
-        if !me.is_empty() && me == leader {
+        let Ok(mut client) = etcd_client::Client::connect([s.as_str()], None).await else { continue };
+        let Ok(status) = client.status().await else { continue };
+        let me = status.header().map(|h| h.member_id()).unwrap_or_default();
+        if me != 0 && me == status.leader() {
             return Ok(s.clone());
         }
     }
@@ -553,25 +541,23 @@ async fn etcd_leader(http: &reqwest::Client, servers: &[String]) -> Result<Strin
 }
 
 async fn run_etcd(a: &Args, shared: Arc<Shared>, payload: Bytes) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
-    let http =
-        reqwest::Client::builder().pool_max_idle_per_host(a.concurrency).timeout(Duration::from_secs(10)).build()?;
-    let leader = retry("find the etcd leader", Duration::from_secs(30), || etcd_leader(&http, &a.servers)).await?;
+    let leader = retry("find the etcd leader", Duration::from_secs(30), || etcd_leader(&a.servers)).await?;
     eprintln!("peers-bench: etcd leader {leader}");
-    let url: Arc<str> = format!("{leader}/v3/kv/put").into();
-    let value_b64: Arc<str> = B64.encode(&payload).into();
+    // etcd's own client protocol, gRPC: one HTTP/2 connection to the leader that every task's
+    // puts share (etcd's `benchmark put` also multiplexes many clients over few connections).
+    let client = etcd_client::Client::connect([leader.as_str()], None).await?;
     let run_id = std::process::id();
     // One put so the connection and the leader are warm before the clock starts.
-    etcd_post(&http, &url, json!({"key": B64.encode(b"bench/warmup"), "value": &*value_b64}).to_string()).await?;
+    client.kv_client().put("bench/warmup", payload.to_vec(), None).await?;
     shared.start();
     Ok((0..a.concurrency)
         .map(|_| {
-            let (http, url, value_b64, shared) = (http.clone(), url.clone(), value_b64.clone(), shared.clone());
+            let (kv, payload, shared) = (client.kv_client(), payload.clone(), shared.clone());
             tokio::spawn(worker(shared, move |n| {
-                let (http, url) = (http.clone(), url.clone());
-                let key = B64.encode(format!("bench/{run_id}/{n:08}"));
-                let body = json!({"key": key, "value": &*value_b64}).to_string();
+                let mut kv = kv.clone();
+                let (key, value) = (format!("bench/{run_id}/{n:08}"), payload.to_vec());
                 async move {
-                    etcd_post(&http, &url, body).await?;
+                    kv.put(key, value, None).await?;
                     Ok(())
                 }
             }))
