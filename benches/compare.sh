@@ -16,9 +16,11 @@
 #   ws       the same, ours publishing over its WebSocket (`pubsub bench --transport ws`,
 #            ceil(C/64) publishers x up to 64 in flight), reported as `ours-ws`, next to NATS
 #            (one connection, C publishes in flight) at the same C. Ours and NATS.
-#   batch    ours only: the batch endpoint, B messages per request, C requests in flight
+#   batch    ours: the batch endpoint, B messages per request, C requests in flight
 #            (4 publishers x C/4), 256-byte payloads, each request awaited until
-#            acknowledged; compared with the best NATS per-message rate of the same run.
+#            acknowledged; NATS: one message per publish with thousands in flight on one
+#            connection (its async publish, BATCH_NATS_CONCURRENCY); compared with the best
+#            NATS rate of the same run, any C.
 #   fanout   one publisher paced at R msgs/s (up to 64 publishes in flight, each awaited
 #            until acknowledged) and K subscribers that joined before it started (ours:
 #            WebSocket subscriptions at the latest cursor; NATS: JetStream ordered push
@@ -38,6 +40,9 @@
 #   WS_MESSAGES="80000 160000"  ws: messages per C
 #   BATCH="100:16 1000:16"      batch: runs as B:C (B messages per request, C requests in flight)
 #   BATCH_MESSAGES=600000       batch: messages per run
+#   BATCH_NATS_CONCURRENCY="1024 4096"  batch: NATS's counterpart, one message per publish with
+#                               C in flight on one connection (async publish, thousands of
+#                               PubAcks outstanding), BATCH_NATS_MESSAGES=300000 each
 #   FANOUT="100:1000 1000:100"  fanout: runs as K:R (K subscribers, R msgs/s) or K:R:N
 #   FANOUT_SECS=10              fanout: N = R x FANOUT_SECS when a run gives no N
 #   FANOUT_TRANSPORT=http       fanout: how ours publishes (http or ws)
@@ -87,6 +92,8 @@ read -r -a WS_NS <<<"${WS_MESSAGES:-80000 160000}"
 read -r -a FANOUT_RUNS <<<"${FANOUT:-100:1000 1000:100}"
 read -r -a BATCH_RUNS <<<"${BATCH:-100:16 1000:16}"
 BATCH_MESSAGES=${BATCH_MESSAGES:-600000}
+read -r -a BATCH_NATS_CS <<<"${BATCH_NATS_CONCURRENCY:-1024 4096}"
+BATCH_NATS_MESSAGES=${BATCH_NATS_MESSAGES:-300000}
 read -r -a SYS <<<"${SYSTEMS:-ours nats etcd edge}"
 FANOUT_SECS=${FANOUT_SECS:-10}
 FANOUT_TRANSPORT=${FANOUT_TRANSPORT:-http}
@@ -364,6 +371,10 @@ run_nats() {
     if section ws; then
         for k in $(ws_only_cs); do runs+=("${WS_CS[$k]}:${WS_NS[$k]}"); done
     fi
+    # NATS's counterpart of a batch: async publishes with thousands of PubAcks outstanding.
+    if section batch; then
+        for c in "${BATCH_NATS_CS[@]}"; do runs+=("$c:$BATCH_NATS_MESSAGES"); done
+    fi
     for x in "${runs[@]}"; do
         c=${x%%:*}; n=${x#*:}
         log "nats C=$c, $n messages"
@@ -457,9 +468,15 @@ echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_
 [ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 # What "acknowledged" means differs: say so, with the peers' versions, under every table.
-echo "Acknowledged: ours once a majority fsynced the entry; NATS ($(nats-server --version 2>/dev/null || echo "not run"))"
+# version_of SYSTEM CMD...: the version CMD prints, or "not run" when SYSTEM was not run.
+version_of() {
+    local sys=$1; shift
+    case " ${SYS[*]} $SKIPPED " in *" $sys "*" $sys "*) echo "not run"; return ;; *" $sys "*) ;; *) echo "not run"; return ;; esac
+    "$@" 2>/dev/null | head -n 1 || echo "unknown version"
+}
+echo "Acknowledged: ours once a majority fsynced the entry; NATS ($(version_of nats nats-server --version))"
 echo "at its PubAck, stored by a majority but fsynced only every 2 minutes (its default sync_interval);"
-echo "etcd ($(etcd --version 2>/dev/null | head -n 1 || echo "not run")) once a majority fsynced (puts over gRPC, its own"
+echo "etcd ($(version_of etcd etcd --version)) once a majority fsynced (puts over gRPC, its own"
 echo "client protocol, C in flight on one connection to the leader)."
 if section publish; then
     echo
@@ -508,8 +525,8 @@ if section ws; then
 fi
 if section batch; then
     echo
-    echo "Batch publish (ours only: B messages per request, C requests in flight; latency per request) vs the best"
-    echo "NATS per-message rate of this run (any C, publish or ws section):"
+    echo "Batch publish (ours: B messages per request, C requests in flight; latency per request) vs the best"
+    echo "NATS rate of this run (any C: publish, ws, and the batch section's ${BATCH_NATS_CS[*]} in flight, NATS's async publish):"
     echo
     awk -F'\t' -v runs="${BATCH_RUNS[*]}" "$BEST_PUBLISH"'
         $1 == "nats" && $3 > nats_best { nats_best = $3; nats_c = $2 }
