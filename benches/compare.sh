@@ -21,7 +21,7 @@
 #            acknowledged; NATS: one message per publish with thousands in flight on one
 #            connection (its async publish, BATCH_NATS_CONCURRENCY); compared with the best
 #            NATS rate of the same run, any C.
-#   fanout   (ours on a fresh cluster, NATS on fresh streams)
+#   fanout   (each system on a fresh cluster, after the sections before)
 #            one publisher paced at R msgs/s (up to 64 publishes in flight, each awaited
 #            until acknowledged) and K subscribers that joined before it started (ours:
 #            WebSocket subscriptions at the latest cursor; NATS: JetStream ordered push
@@ -362,9 +362,10 @@ run_ours() {
 }
 
 # ---------------------------------------------------------------- NATS JetStream
-run_nats() {
-    have_pkg nats-server nats-server || { note "nats: package nats-server not installable, skipped"; SKIPPED+=" nats"; return; }
-    local i j routes servers=""
+# start_nats: the 3-node NATS cluster on empty data directories, once every server is healthy.
+start_nats() {
+    local i j routes
+    rm -rf "${WORK:?}/nats"
     for i in 1 2 3; do
         routes=""
         for j in 1 2 3; do [ "$j" = "$i" ] || routes+="${routes:+,}nats://127.0.0.1:$((PB + 230 + j))"; done
@@ -372,13 +373,19 @@ run_nats() {
         spawn "nats-$i" nats-server -a 127.0.0.1 -p "$((PB + 220 + i))" -m "$((PB + 240 + i))" \
             --server_name "n$i" -js -sd "$WORK/nats/n$i" --cluster_name bench \
             --cluster "nats://127.0.0.1:$((PB + 230 + i))" --routes "$routes"
-        servers+="${servers:+,}127.0.0.1:$((PB + 220 + i))"
     done
     for i in 1 2 3; do
         # /healthz answers 200 once the server, and JetStream, is ready.
         wait_for 60 "nats n$i" curl -sf "http://127.0.0.1:$((PB + 240 + i))/healthz" \
-            || { note "nats: n$i not healthy within 60 s, skipped"; stop_all; return; }
+            || { note "nats: n$i not healthy within 60 s, skipped"; stop_all; return 1; }
     done
+}
+
+run_nats() {
+    have_pkg nats-server nats-server || { note "nats: package nats-server not installable, skipped"; SKIPPED+=" nats"; return; }
+    local i servers=""
+    for i in 1 2 3; do servers+="${servers:+,}127.0.0.1:$((PB + 220 + i))"; done
+    start_nats || return 0
     local k c n x runs=()
     if section publish; then
         for k in "${!CS[@]}"; do runs+=("${CS[$k]}:${NS[$k]}"); done
@@ -398,6 +405,11 @@ run_nats() {
         record nats "$c" "$n" "$LINE"
     done
     if section fanout; then
+        # A fresh cluster, as ours gets.
+        if [ "${#runs[@]}" -gt 0 ]; then
+            stop_all
+            start_nats || return 0
+        fi
         for x in "${FANOUT_RUNS[@]}"; do
             fanout_run "$x"
             log "nats fanout: $FK ordered consumers, 1 publisher at $FR msgs/s, $FN messages"
