@@ -304,11 +304,14 @@ async fn wait_ready(i: usize, timeout: Duration) {
 
 /// Waits until node `i` has applied at least the leader's current commit index.
 async fn wait_caught_up(i: usize, timeout: Duration) {
-    let infos = cluster_infos().await;
-    let Some(leader) = majority_leader(&infos) else {
-        return;
-    };
-    let target = infos[leader].as_ref().and_then(|l| l["commit_index"].as_u64()).unwrap_or(0);
+    // The leader's commit index, once a majority names one (a moment without one, as after a
+    // restart, would otherwise let this return before anything was caught up).
+    let target = wait_until("a leader's commit index", timeout, || async {
+        let infos = cluster_infos().await;
+        let leader = majority_leader(&infos)?;
+        infos[leader].as_ref()?["commit_index"].as_u64()
+    })
+    .await;
     wait_until(&format!("{} applying up to {target}", name(i)), timeout, || async {
         let info = cluster_infos().await.swap_remove(i)?;
         (info["last_applied"].as_u64()? >= target).then_some(())
