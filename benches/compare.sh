@@ -500,11 +500,12 @@ echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_
 [ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 # What "acknowledged" means differs: say so, with the peers' versions, under every table.
+# ran SYSTEM: SYSTEM is among SYSTEMS and was not skipped.
+ran() { [[ " ${SYS[*]} " == *" $1 "* && " $SKIPPED " != *" $1 "* ]]; }
 # version_of SYSTEM CMD...: the version CMD prints, or "not run" when SYSTEM was not run.
 version_of() {
     local sys=$1; shift
-    case " ${SYS[*]} $SKIPPED " in *" $sys "*" $sys "*) echo "not run"; return ;; *" $sys "*) ;; *) echo "not run"; return ;; esac
-    "$@" 2>/dev/null | head -n 1 || echo "unknown version"
+    if ran "$sys"; then "$@" 2>/dev/null | head -n 1; else echo "not run"; fi
 }
 echo "Acknowledged: ours once a majority fsynced the entry; NATS ($(version_of nats nats-server --version))"
 echo "at its PubAck, stored by a majority but fsynced only every 2 minutes (its default sync_interval);"

@@ -118,12 +118,19 @@ async fn wait_acks(acked: &Arc<Mutex<HashMap<String, u64>>>, at_least: usize) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_kill_loses_no_acked_publish() {
-    let mut c = Cluster::start(Options::default()).await;
+/// A 3-node cluster with topic `t` under a load of 4 publishers, 50 of whose publishes are
+/// acknowledged already.
+async fn cluster_under_load() -> (Cluster, Load) {
+    let c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
     let load = spawn_load(&c, "t", 4);
     wait_acks(&load.acked, 50).await;
+    (c, load)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_loses_no_acked_publish() {
+    let (mut c, load) = cluster_under_load().await;
 
     let old = c.wait_leader(CONVERGE).await;
     c.kill(old);
@@ -193,17 +200,10 @@ async fn restarts_of_a_node_and_of_the_whole_cluster_keep_everything() {
 /// state machine as of its last flush (applies skip RocksDB's WAL), redoing the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_killed_under_load_loses_no_acked_publish() {
-    let mut c = Cluster::start(Options::default()).await;
-    create_topic(&c, "t").await;
-    let load = spawn_load(&c, "t", 4);
-    wait_acks(&load.acked, 50).await;
-    for i in 0..c.nodes.len() {
-        c.kill(i);
-    }
+    let (mut c, load) = cluster_under_load().await;
+    c.kill_all();
     let before = load.acked_count();
-    for i in 0..c.nodes.len() {
-        c.restart(i);
-    }
+    c.restart_all();
     wait_acks(&load.acked, before + 50).await;
     let acked = load.finish().await;
     assert_converged(&c, "t", &acked).await;
@@ -212,12 +212,8 @@ async fn the_whole_cluster_killed_under_load_loses_no_acked_publish() {
 /// Kills every node without warning and restarts them all; then the topic holds exactly the
 /// acknowledged messages and the next publish takes the next sequence.
 async fn kill_and_restart_everything(c: &mut Cluster, topic: &str, acked: &HashMap<String, u64>) {
-    for i in 0..c.nodes.len() {
-        c.kill(i);
-    }
-    for i in 0..c.nodes.len() {
-        c.restart(i);
-    }
+    c.kill_all();
+    c.restart_all();
     c.wait_leader(CONVERGE).await;
     let log = assert_converged(c, topic, acked).await;
     assert_eq!(log.len(), acked.len());

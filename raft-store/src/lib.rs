@@ -63,6 +63,7 @@ pub struct Store {
 /// Watches for RocksDB to be closed: it closes when the last handle (log store, state
 /// machine, readers) is dropped. A process must not exit while it is open: RocksDB's
 /// background threads would still run while static destructors do, and abort the process.
+/// Also marks a stop as clean, which decides what the state machine writes as it is dropped.
 pub struct Closed {
     db: std::sync::Weak<rocksdb::DB>,
     /// Shared with the state machine, which flushes itself when dropped once this is set.

@@ -315,6 +315,20 @@ impl Cluster {
         child.wait().ok().and_then(|s| s.code())
     }
 
+    /// SIGKILL to every node, one after the other.
+    pub fn kill_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+
+    /// Starts every node again (each must be stopped).
+    pub fn restart_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.restart(i);
+        }
+    }
+
     /// Starts node `i` again on the same address and data dir.
     pub fn restart(&mut self, i: usize) {
         assert!(self.nodes[i].child.is_none(), "node {i} is running");
