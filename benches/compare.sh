@@ -53,9 +53,10 @@
 #   PORT_BASE=29000             ports PORT_BASE+80.. (ours), +220.. (NATS), +379.. (etcd), +400 (edge)
 #   ROUNDS=1                    repeat everything; the order of the systems rotates each
 #                               round, every round starts each system on empty data
-#                               directories, and the tables keep each cell's best run (highest
-#                               msgs/s; fanout: lowest deliver p99) (use 3 on a shared,
-#                               noisy machine)
+#                               directories, and each cell of the tables is its median run
+#                               (by msgs/s; fanout: by deliver p99; of an even number, the
+#                               worse of the middle two); every run is listed below the tables
+#                               (use 3 on a shared, noisy machine)
 #   PAYLOAD_CONTENT=text        what fills our payloads (`pubsub bench --payload-content`: text,
 #                               random or repeat). Ours compresses stored messages, so this
 #                               matters for ours alone; the peers' generator sends x…x, and
@@ -485,11 +486,27 @@ for ((r = 0; r < ROUNDS; r++)); do
 done
 
 # ---------------------------------------------------------------- the tables
-# Best publish/ws cell per (system, C): highest msgs/s (awk prelude shared by the tables).
+# Each publish/ws/batch cell is its median run per (system, C) by msgs/s (of an even number
+# of rounds, the slower of the middle two): the awk prelude shared by the tables, whose END runs
+# before theirs.
 # shellcheck disable=SC2016 # awk code, expanded by awk
-BEST_PUBLISH='
-    ($1, $2) in rate && rate[$1, $2] >= $3 { next }
-    { rate[$1, $2] = $3; p50[$1, $2] = $4; p99[$1, $2] = $5; acked[$1, $2] = $6; errs[$1, $2] = $7; want[$1, $2] = $8; cpu[$1, $2] = $9 }
+MEDIAN_PUBLISH='
+    { k = $1 SUBSEP $2; runs[k]++; row[k, runs[k]] = $0; by[k, runs[k]] = $3 }
+    END {
+        for (k in runs) {
+            split(row[k, median(k, 1)], f, "\t")
+            rate[k] = f[3]; p50[k] = f[4]; p99[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; want[k] = f[8]; cpu[k] = f[9]
+        }
+    }
+    # The index of the median of key k'"'"'s runs, ordered worst first by by[]: ascending when
+    # higher is better (1), descending when lower is (-1).
+    function median(k, higher_better,   m, i, j, t, at) {
+        m = runs[k]
+        for (i = 1; i <= m; i++) at[i] = i
+        for (i = 2; i <= m; i++)
+            for (j = i; j > 1 && higher_better * (by[k, at[j - 1]] - by[k, at[j]]) > 0; j--) { t = at[j]; at[j] = at[j - 1]; at[j - 1] = t }
+        return at[int((m + 1) / 2)]
+    }
     function cpu_cell(s, c) { return ((s, c) in cpu && cpu[s, c] > 0) ? sprintf("%.0f", cpu[s, c]) : "—" }
     function cell(s, c) { return ((s, c) in rate) ? sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c]) : "— | — | —" }
     function ratio(s, c, other) {
@@ -497,7 +514,7 @@ BEST_PUBLISH='
     }'
 echo
 echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_CONTENT), every publish awaited until acknowledged"
-[ "$ROUNDS" -eq 1 ] || echo "best of $ROUNDS rounds per cell (system order rotated each round; every run listed below)"
+[ "$ROUNDS" -eq 1 ] || echo "each cell the median of $ROUNDS rounds (of an even number, the worse middle run; system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 # What "acknowledged" means differs: say so, with the peers' versions, under every table.
 # ran SYSTEM: SYSTEM is among SYSTEMS and was not skipped.
@@ -516,7 +533,7 @@ if section publish; then
     echo "Publish (ours over HTTP), C requests in flight; the HTTP edge alone is our publish API with no Raft and no"
     echo "disk behind it (one process), the same client: the ceiling of per-message HTTP on this machine:"
     echo
-    awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" "$BEST_PUBLISH"'
+    awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " "); split(ns, N, " ")
             print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd | HTTP edge alone msgs/s | p50 ms | p99 ms | ours/edge | NATS/edge |"
@@ -530,7 +547,7 @@ if section publish; then
     echo "The machine's busy CPU time per acknowledged message during each run above (µs; cluster and load generator"
     echo "together, from /proc/stat; $(nproc) cores are full at $(nproc),000,000 / this messages per second):"
     echo
-    awk -F'\t' -v cs="${CS[*]}" "$BEST_PUBLISH"'
+    awk -F'\t' -v cs="${CS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " ")
             print "| C | ours | NATS JetStream R3 | etcd 3.4 | HTTP edge alone |"
@@ -545,7 +562,7 @@ if section ws; then
     echo
     echo "Publish over our WebSocket (ours-ws: ceil(C/64) publishers x up to 64 in flight) vs NATS (one connection, C in flight):"
     echo
-    awk -F'\t' -v cs="${WS_CS[*]}" -v ns="${WS_NS[*]}" "$BEST_PUBLISH"'
+    awk -F'\t' -v cs="${WS_CS[*]}" -v ns="${WS_NS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " "); split(ns, N, " ")
             print "| C | messages | ours-ws msgs/s | p50 ms | p99 ms | ours HTTP msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | ours-ws/NATS |"
@@ -561,10 +578,11 @@ if section batch; then
     echo "Batch publish (ours: B messages per request, C requests in flight; latency per request) vs the best"
     echo "NATS rate of this run (any C: publish, ws, and the batch section's ${BATCH_NATS_CS[*]} in flight, NATS's async publish):"
     echo
-    awk -F'\t' -v runs="${BATCH_RUNS[*]}" "$BEST_PUBLISH"'
-        $1 == "nats" && $3 > nats_best { nats_best = $3; nats_c = $2 }
+    awk -F'\t' -v batch_runs="${BATCH_RUNS[*]}" "$MEDIAN_PUBLISH"'
         END {
-            nr = split(runs, R, " ")
+            # NATS'"'"'s best C: the highest of its cells (each a median over the rounds).
+            for (k in rate) { split(k, sc, SUBSEP); if (sc[1] == "nats" && rate[k] > nats_best) { nats_best = rate[k]; nats_c = sc[2] } }
+            nr = split(batch_runs, R, " ")
             print "| B | C | messages | ours msgs/s | p50 ms | p99 ms | best NATS msgs/s (its C) | ours/NATS |"
             print "|---|---|---|---|---|---|---|---|"
             for (i = 1; i <= nr; i++) {
@@ -575,33 +593,49 @@ if section batch; then
             }
         }' "$RESULTS"
 fi
-# Publish/ws/batch notes: failed publishes, runs that hit the time limit.
-awk -F'\t' "$BEST_PUBLISH"'
-    END {
-        for (k in rate) {
-            split(k, sc, SUBSEP)
-            if (errs[k] > 0) printf "\nnote: %s C=%s: %s publishes failed\n", sc[1], sc[2], errs[k]
-            if (acked[k] < want[k]) printf "\nnote: %s C=%s: only %s of %s acknowledged within the time limit\n", sc[1], sc[2], acked[k], want[k]
-        }
-    }' "$RESULTS"
+# Publish/ws/batch notes, of every run (not only the median ones): failed publishes, runs that
+# hit the time limit.
+awk -F'\t' '
+    $7 > 0 { printf "\nnote: %s C=%s: %s publishes failed\n", $1, $2, $7 }
+    $6 < $8 { printf "\nnote: %s C=%s: only %s of %s acknowledged within the time limit\n", $1, $2, $6, $8 }' "$RESULTS"
 if section fanout; then
     echo
     echo "Fan-out: 1 publisher paced at R msgs/s (${FANOUT_TRANSPORT} for ours), K subscribers (ours: WebSocket; NATS: ordered push"
     echo "consumers), deliver latency from the payload's timestamp to arrival; ours/NATS of the deliver p99 (below 1: ours faster)"
     echo
-    awk -F'\t' -v runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" '
-        # Best run per (system, K, R): lowest deliver p99.
-        ($1, $2, $3) in d99 && d99[$1, $2, $3] <= $11 { next }
+    awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" '
+        # Each cell is its median run per (system, K, R) by deliver p99 (of an even number, the
+        # slower of the middle two); the notes below name every run that fell short.
         {
-            k = $1 SUBSEP $2 SUBSEP $3
-            want[k] = $4; rate[k] = $5; acked[k] = $6; errs[k] = $7; got[k] = $8; miss[k] = $9
-            d50[k] = $10; d99[k] = $11; d999[k] = $12
+            k = $1 SUBSEP $2 SUBSEP $3; runs[k]++; row[k, runs[k]] = $0
+            what = sprintf("%s fanout K=%s R=%s", $1, $2, $3)
+            if ($7 > 0) notes = notes sprintf("\nnote: %s: %s publishes failed\n", what, $7)
+            if ($6 < $4) notes = notes sprintf("\nnote: %s: only %s of %s acknowledged within the time limit\n", what, $6, $4)
+            if ($5 < 0.95 * $3) notes = notes sprintf("\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, $5, $3)
+            if ($9 > 0) notes = notes sprintf("\nnote: %s: %s of %s deliveries missing after the drain timeout\n", what, $9, $6 * $2)
+        }
+        # The index of key k'"'"'s median run by deliver p99, ordered worst (highest) first.
+        function median(k,   m, i, j, t, at, a, b) {
+            m = runs[k]
+            for (i = 1; i <= m; i++) at[i] = i
+            for (i = 2; i <= m; i++)
+                for (j = i; j > 1; j--) {
+                    split(row[k, at[j - 1]], a, "\t"); split(row[k, at[j]], b, "\t")
+                    if (a[11] + 0 >= b[11] + 0) break
+                    t = at[j]; at[j] = at[j - 1]; at[j - 1] = t
+                }
+            return at[int((m + 1) / 2)]
         }
         function cell(s, K, R) {
             return ((s, K, R) in d99) ? sprintf("%.2f | %.2f | %.2f | %s", d50[s, K, R], d99[s, K, R], d999[s, K, R], miss[s, K, R]) : "— | — | — | —"
         }
         END {
-            n = split(runs, X, " ")
+            for (k in runs) {
+                split(row[k, median(k)], f, "\t")
+                want[k] = f[4]; rate[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; got[k] = f[8]; miss[k] = f[9]
+                d50[k] = f[10]; d99[k] = f[11]; d999[k] = f[12]
+            }
+            n = split(fanout_runs, X, " ")
             print "| K subscribers | R msgs/s | messages | ours deliver p50 ms | p99 ms | p99.9 ms | missing | NATS deliver p50 ms | p99 ms | p99.9 ms | missing | ours/NATS p99 |"
             print "|---|---|---|---|---|---|---|---|---|---|---|---|"
             for (i = 1; i <= n; i++) {
@@ -610,14 +644,7 @@ if section fanout; then
                 printf "| %s | %s | %s | %s | %s | %s |\n", K, R, N, cell("ours", K, R), cell("nats", K, R), r
                 delete f
             }
-            for (k in d99) {
-                split(k, sk, SUBSEP)
-                what = sprintf("%s fanout K=%s R=%s", sk[1], sk[2], sk[3])
-                if (errs[k] > 0) printf "\nnote: %s: %s publishes failed\n", what, errs[k]
-                if (acked[k] < want[k]) printf "\nnote: %s: only %s of %s acknowledged within the time limit\n", what, acked[k], want[k]
-                if (rate[k] < 0.95 * sk[3]) printf "\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, rate[k], sk[3]
-                if (miss[k] > 0) printf "\nnote: %s: %s of %s deliveries missing after the drain timeout\n", what, miss[k], acked[k] * sk[2]
-            }
+            printf "%s", notes
         }' "$FANOUT_RESULTS"
 fi
 if [ "$ROUNDS" -gt 1 ]; then
