@@ -1707,7 +1707,7 @@ async fn a_node_short_of_disk_refuses_growing_writes_with_507_until_it_has_room(
     let ballast = c.nodes[0].data_dir.parent().expect("the cluster's temp dir").join("ballast");
     assert!(allocate(&ballast, 2 * DISK_MARGIN_BYTES), "fallocate at {}", ballast.display());
 
-    // The node reads its free space at most every 100 ms: publishes may be taken until then.
+    // The node reads its free space every 100 ms, in the background: publishes may be taken until then.
     let stored = std::cell::Cell::new(1);
     let refused = wait_until("a publish refused for want of disk", Duration::from_secs(10), || async {
         let reply = publish().await.unwrap();

@@ -90,7 +90,7 @@ pub struct App {
     pub raft_inbound: crate::budget::ByteBudget,
     /// The data dir's free space against its reserve (`--min-free-bytes`): checked by the
     /// writes that make the data grow.
-    pub disk_room: crate::disk_room::DiskRoom,
+    pub disk_room: Arc<crate::disk_room::DiskRoom>,
     /// When this node saw each node's latest claim to be short of disk room.
     pub claims_seen: crate::disk_room::ClaimsSeen,
     /// Held by the membership change running on this node, a request's

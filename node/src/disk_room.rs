@@ -13,10 +13,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use raft_store::Request;
+use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::error::ApiError;
@@ -25,15 +26,14 @@ use crate::limits::{
     DISK_SHORT_CLAIM_RENEW,
 };
 
-/// Free space of one data dir against its reserve, asked of the file system at most once per
-/// [`DISK_ROOM_RECHECK`] however many writes ask.
+/// Free space of one data dir against its reserve. Writes go by the last reading, which
+/// [`watch`] renews every [`DISK_ROOM_RECHECK`] on a blocking thread: `statvfs` and listing the
+/// snapshots are file-system calls, which a stalled disk can hold for seconds, and a write path
+/// on the async workers must not wait on them.
 pub struct DiskRoom {
     data_dir: PathBuf,
     /// Bytes that must stay available besides a snapshot's; 0 turns the check off.
     reserve: u64,
-    epoch: Instant,
-    /// When the last reading was taken, in µs since `epoch` plus one (0: never).
-    read_at_us: AtomicU64,
     /// The last reading: bytes available (`u64::MAX` when the file system could not be asked:
     /// a failing `statvfs` says nothing about the room left, so nothing is refused)...
     available: AtomicU64,
@@ -41,22 +41,22 @@ pub struct DiskRoom {
     needed: AtomicU64,
     /// ...and whether writes are refused.
     short: AtomicBool,
-    /// Held by the one write that takes a new reading; the others go by the last one.
-    reading: Mutex<()>,
 }
 
 impl DiskRoom {
+    /// The data dir's room, read once now (at start, before any write is taken).
     pub fn new(data_dir: PathBuf, reserve: u64) -> Self {
-        Self {
+        let room = Self {
             data_dir,
             reserve,
-            epoch: Instant::now(),
-            read_at_us: AtomicU64::new(0),
             available: AtomicU64::new(u64::MAX),
             needed: AtomicU64::new(reserve),
             short: AtomicBool::new(false),
-            reading: Mutex::new(()),
+        };
+        if reserve > 0 {
+            room.read();
         }
+        room
     }
 
     pub fn reserve(&self) -> u64 {
@@ -76,30 +76,12 @@ impl DiskRoom {
         })
     }
 
-    /// Whether writes are refused for want of room here, from a reading at most
-    /// [`DISK_ROOM_RECHECK`] old.
+    /// Whether writes are refused for want of room here, by the last reading.
     pub fn is_short(&self) -> bool {
-        if self.reserve == 0 {
-            return false;
-        }
-        if self.reading_is_old() {
-            if let Ok(_reading) = self.reading.try_lock() {
-                self.read();
-            }
-        }
         self.short.load(Ordering::Relaxed)
     }
 
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64 + 1
-    }
-
-    fn reading_is_old(&self) -> bool {
-        let read_at_us = self.read_at_us.load(Ordering::Relaxed);
-        read_at_us == 0 || self.now_us().saturating_sub(read_at_us) >= DISK_ROOM_RECHECK.as_micros() as u64
-    }
-
-    /// Takes a new reading and decides whether writes are refused.
+    /// Takes a new reading and decides whether writes are refused (blocking: file-system calls).
     fn read(&self) {
         let available = raft_store::available_bytes(&self.data_dir).unwrap_or(u64::MAX);
         let needed = self.reserve.saturating_add(raft_store::largest_snapshot_bytes(&self.data_dir));
@@ -111,7 +93,6 @@ impl DiskRoom {
         self.available.store(available, Ordering::Relaxed);
         self.needed.store(needed, Ordering::Relaxed);
         self.short.store(short, Ordering::Relaxed);
-        self.read_at_us.store(self.now_us(), Ordering::Relaxed);
         match (was_short, short) {
             (false, true) => tracing::warn!(
                 available, needed, reserve = self.reserve, data_dir = %self.data_dir.display(),
@@ -120,6 +101,28 @@ impl DiskRoom {
             ),
             (true, false) => tracing::info!(available, needed, "the data dir has room again: writes are taken"),
             _ => {}
+        }
+    }
+}
+
+/// Renews `room`'s reading every [`DISK_ROOM_RECHECK`] until `shutdown`, each on a blocking
+/// thread and one at a time: a reading held up by a stalled disk delays the next instead of
+/// piling threads onto it (meanwhile writes go by the last reading). Nothing to do when the
+/// check is off.
+pub async fn watch(room: Arc<DiskRoom>, shutdown: CancellationToken) {
+    if room.reserve == 0 {
+        return;
+    }
+    let mut interval = tokio::time::interval(DISK_ROOM_RECHECK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let room = room.clone();
+        if tokio::task::spawn_blocking(move || room.read()).await.is_err() {
+            return; // the runtime is shutting down
         }
     }
 }
@@ -183,9 +186,10 @@ pub fn members(app: &App) -> BTreeSet<u64> {
 /// Tells the cluster when this node's data dir becomes short of room (renewing the claim every
 /// [`DISK_SHORT_CLAIM_RENEW`] while it stays so) and when it has room again, checking every
 /// [`DISK_ROOM_REPORT_INTERVAL`]; meanwhile notes when other nodes' claims are seen, so that
-/// a node that comes to lead knows how old they are. The leader withdraws claims it saw lapse
-/// (a node gone for good never withdraws its own; a node still short claims again at its next
-/// check), so that no stale claim refuses writes after the next leader change.
+/// a node that comes to lead knows how old they are. The leader withdraws claims it saw lapse,
+/// each only if not renewed since (a node gone for good never withdraws its own; a node still
+/// short claims again at its next check), so that no stale claim refuses writes after the next
+/// leader change.
 pub async fn report(app: Weak<App>) {
     let mut interval = tokio::time::interval(DISK_ROOM_REPORT_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -203,8 +207,8 @@ pub async fn report(app: Weak<App>) {
             if app.leadership() == crate::app::Leadership::Me {
                 let members = members(&app);
                 let withdrawn = |node: &u64| !fresh.contains(node) || !members.contains(node);
-                for &node in claims.keys().filter(|&&node| node != app.id() && withdrawn(&node)) {
-                    let request = Request::SetDiskShort { node_id: node, short: false, now_ms: app.now_ms() };
+                for (&node, &stamp) in claims.iter().filter(|&(&node, _)| node != app.id() && withdrawn(&node)) {
+                    let request = Request::WithdrawDiskClaim { node_id: node, stamp };
                     if let Err(e) = app.propose_anywhere(request).await {
                         tracing::debug!(error = %e, node, "a lapsed disk claim not withdrawn yet; retrying");
                     }
@@ -273,7 +277,7 @@ mod tests {
         let room = DiskRoom::new(dir.path().into(), reserve);
         assert!(room.require_room().is_ok(), "above the line");
         room.short.store(true, Ordering::Relaxed);
-        room.read_at_us.store(0, Ordering::Relaxed);
+        room.read();
         assert!(room.require_room().is_err(), "above the line, but within the margin once refusing");
     }
 

@@ -135,6 +135,7 @@ where
         return Err(e);
     }
 
+    let disk_room = Arc::new(disk_room::DiskRoom::new(config.data_dir.clone(), config.min_free_bytes));
     let app = Arc::new(App {
         config: config.clone(),
         raft: raft.clone(),
@@ -165,7 +166,7 @@ where
         metrics_bodies: budget::ByteBudget::new(limits::METRICS_BODIES_BYTES_MAX),
         client_metrics_bodies: budget::PerClientBudgets::new(limits::METRICS_BODIES_BYTES_PER_CLIENT_MAX),
         raft_inbound: budget::ByteBudget::new(limits::RAFT_INBOUND_BYTES_MAX),
-        disk_room: disk_room::DiskRoom::new(config.data_dir.clone(), config.min_free_bytes),
+        disk_room: disk_room.clone(),
         claims_seen: Default::default(),
         membership_changes: Default::default(),
     });
@@ -173,6 +174,7 @@ where
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
     tokio::spawn(cluster_clock::run(Arc::downgrade(&app)));
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
+    tokio::spawn(disk_room::watch(disk_room, app.shutdown.clone()));
     tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
     tokio::spawn(subscribe::leaderless::count_spells(Arc::downgrade(&app)));
