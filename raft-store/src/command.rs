@@ -66,6 +66,12 @@ pub enum Request {
     /// own clock from when it saw it, so that a node gone for good does not refuse the
     /// cluster's writes for ever. Declared last, for the same reason as `AckBounded`.
     SetDiskShort { node_id: u64, short: bool, now_ms: u64 },
+    /// The leader withdraws node `node_id`'s claim to be short of disk room, which it saw
+    /// lapse, if the claim recorded still has the `stamp` it saw: a renewal committed in
+    /// between stays (an unconditional withdrawal would erase it, and the leader would take
+    /// growing writes until the node's next check). Declared last, for the same reason as
+    /// `AckBounded`.
+    WithdrawDiskClaim { node_id: u64, stamp: u64 },
 }
 
 /// Batches nest (a batch is a command), and bincode decodes nesting by recursion with no
@@ -140,6 +146,7 @@ impl Request {
             Request::Tick { .. } => 8,
             Request::SetClusterId { id } => id.len(),
             Request::SetDiskShort { .. } => 24,
+            Request::WithdrawDiskClaim { .. } => 16,
         }
     }
 }
@@ -290,6 +297,7 @@ mod tests {
             Request::CreateTopicLater { topic: "t".into(), metadata: None, retention: Retention::default(), now_ms: 1 };
         assert_eq!(position(&create), 10);
         assert_eq!(position(&Request::SetDiskShort { node_id: 1, short: true, now_ms: 1 }), 11);
+        assert_eq!(position(&Request::WithdrawDiskClaim { node_id: 1, stamp: 1 }), 12);
     }
 
     /// `levels` batches, each holding the next, the innermost empty: as bincode writes them

@@ -119,6 +119,12 @@ fn apply_command(
             }
             Ok((Response::None, vec![]))
         }
+        Request::WithdrawDiskClaim { node_id, stamp } => {
+            if topics.disk_short.get(node_id) == Some(stamp) {
+                topics.disk_short.remove(node_id);
+            }
+            Ok((Response::None, vec![]))
+        }
         Request::Batch(requests) => {
             let mut responses = Vec::with_capacity(requests.len());
             let mut changed = Vec::new();
@@ -816,6 +822,23 @@ pub(crate) mod tests {
         run(&mut t, &mut s, short(2, false, 30));
         run(&mut t, &mut s, short(4, false, 30));
         assert_eq!(t.disk_short, BTreeMap::from([(3, 11)]));
+    }
+
+    #[test]
+    fn a_lapsed_claim_is_withdrawn_only_if_it_was_not_renewed_meanwhile() {
+        let (mut t, mut s) = (Topics::default(), MemStore::default());
+        let short = |node_id, now_ms| Request::SetDiskShort { node_id, short: true, now_ms };
+        let withdraw = |node_id, stamp| Request::WithdrawDiskClaim { node_id, stamp };
+        run(&mut t, &mut s, short(2, 10));
+        run(&mut t, &mut s, short(3, 11));
+        // Node 2 renewed its claim after the leader saw the one stamped 10 lapse.
+        run(&mut t, &mut s, short(2, 20));
+        run(&mut t, &mut s, withdraw(2, 10));
+        run(&mut t, &mut s, withdraw(3, 11));
+        run(&mut t, &mut s, withdraw(4, 11));
+        assert_eq!(t.disk_short, BTreeMap::from([(2, 20)]));
+        run(&mut t, &mut s, withdraw(2, 20));
+        assert!(t.disk_short.is_empty());
     }
 
     #[test]
