@@ -576,7 +576,7 @@ fi
 if section batch; then
     echo
     echo "Batch publish (ours: B messages per request, C requests in flight; latency per request) vs the best"
-    echo "NATS rate of this run (any C: publish, ws, and the batch section's ${BATCH_NATS_CS[*]} in flight, NATS's async publish):"
+    echo "NATS rate of this run (its highest cell, of any C: publish, ws, and the batch section's ${BATCH_NATS_CS[*]} in flight, NATS's async publish):"
     echo
     awk -F'\t' -v batch_runs="${BATCH_RUNS[*]}" "$MEDIAN_PUBLISH"'
         END {

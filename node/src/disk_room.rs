@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use raft_store::Request;
+use raft_store::{IoMode, Request};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
@@ -107,22 +107,32 @@ impl DiskRoom {
 
 /// Renews `room`'s reading every [`DISK_ROOM_RECHECK`] until `shutdown`, each on a blocking
 /// thread and one at a time: a reading held up by a stalled disk delays the next instead of
-/// piling threads onto it (meanwhile writes go by the last reading). Nothing to do when the
-/// check is off.
-pub async fn watch(room: Arc<DiskRoom>, shutdown: CancellationToken) {
+/// piling threads onto it (meanwhile writes go by the last reading). Under
+/// [`IoMode::Inline`] (the simulation) the reading is taken on this task instead: a thread
+/// waking it at a moment of the real clock would change the order its tasks run in, and a
+/// seed would no longer replay exactly. Nothing to do when the check is off.
+pub async fn watch(room: Arc<DiskRoom>, io_mode: IoMode, shutdown: CancellationToken) {
     if room.reserve == 0 {
         return;
     }
     let mut interval = tokio::time::interval(DISK_ROOM_RECHECK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await; // the first tick is at once: `new` has just read
     loop {
         tokio::select! {
-            _ = interval.tick() => {}
+            biased;
             () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
         }
-        let room = room.clone();
-        if tokio::task::spawn_blocking(move || room.read()).await.is_err() {
-            return; // the runtime is shutting down
+        if io_mode == IoMode::Inline {
+            room.read();
+            continue;
+        }
+        let reading = room.clone();
+        match tokio::task::spawn_blocking(move || reading.read()).await {
+            Ok(()) => {}
+            Err(e) if e.is_panic() => tracing::error!(error = %e, "reading the data dir's free space panicked"),
+            Err(_) => return, // the runtime is shutting down
         }
     }
 }

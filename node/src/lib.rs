@@ -174,7 +174,7 @@ where
     tokio::spawn(retention_ticks(Arc::downgrade(&app)));
     tokio::spawn(cluster_clock::run(Arc::downgrade(&app)));
     tokio::spawn(name_the_cluster(Arc::downgrade(&app)));
-    tokio::spawn(disk_room::watch(disk_room, app.shutdown.clone()));
+    tokio::spawn(disk_room::watch(disk_room, config.io_mode, app.shutdown.clone()));
     tokio::spawn(disk_room::report(Arc::downgrade(&app)));
     tokio::spawn(count_leader_changes(app.clone()));
     tokio::spawn(subscribe::leaderless::count_spells(Arc::downgrade(&app)));

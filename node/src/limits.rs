@@ -460,8 +460,9 @@ pub const MIN_FREE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
 /// line, so that a disk hovering at it does not flip at every reading.
 pub const DISK_ROOM_RESUME_MARGIN_BYTES: u64 = 64 * 1024 * 1024;
 /// How often the data dir's free space is read in the background, so how old the reading a
-/// write is checked against may be: even at the fastest rate measured here (some 150 MB/s
-/// written per node, batches) a tenth of a second is a small part of the reserve.
+/// write is checked against is (unless a reading stalls with the disk): even at the fastest
+/// rate measured here (some 150 MB/s written per node, batches) a tenth of a second is a small
+/// part of the reserve.
 pub const DISK_ROOM_RECHECK: Duration = Duration::from_millis(100);
 /// How often a node compares its data dir's room with what the cluster was told of it.
 pub const DISK_ROOM_REPORT_INTERVAL: Duration = Duration::from_secs(1);
