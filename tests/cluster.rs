@@ -1111,10 +1111,33 @@ async fn a_voter_is_not_removed_while_another_is_down_but_the_lost_one_is() {
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
     let (kept, lost) = ((leader + 1) % 3, (leader + 2) % 3);
+    // The leader's `/cluster` shows how each member answers it and how far behind it is; a
+    // follower's shows nothing of it.
+    let ids: Vec<u64> = c.nodes.iter().map(|n| n.id).collect();
+    let member = |info: &Value, i: usize| {
+        let name = format!("node-{}", ids[i]);
+        let members = info["members"].as_array().expect("members listed");
+        members.iter().find(|m| m["node_id"] == name.as_str()).expect("a member").clone()
+    };
+    let caught_up = wait_until("every member caught up with the leader", CONVERGE, || async {
+        let info = c.cluster_info(leader).await?;
+        (0..3).all(|i| member(&info, i)["lag"] == 0).then_some(info)
+    })
+    .await;
+    let last_log_index = member(&caught_up, leader)["matched_index"].as_u64().expect("the leader's own index");
+    for i in 0..3 {
+        let m = member(&caught_up, i);
+        assert_eq!((&m["reachable"], m["matched_index"].as_u64()), (&json!(true), Some(last_log_index)), "{m}");
+    }
+    let on_follower = member(&c.cluster_info(kept).await.expect("the follower answers"), kept);
+    assert_eq!((&on_follower["reachable"], &on_follower["lag"]), (&Value::Null, &Value::Null), "{on_follower}");
+
     c.kill(lost);
-    // The leader counts a voter as down once it has not answered for an election timeout;
-    // nothing outside the leader tells when that is.
-    tokio::time::sleep(Duration::from_millis(2 * Options::default().election_timeout_ms)).await;
+    // The leader counts a voter as down once it has not answered for an election timeout.
+    wait_until("the leader sees the lost node not answering", CONVERGE, || async {
+        (member(&c.cluster_info(leader).await?, lost)["reachable"] == false).then_some(())
+    })
+    .await;
     let remove = |i: usize| {
         let mut builder = pubsub_tests::http::client()
             .delete(format!("{}/cluster/members/{}", c.url(leader), c.nodes[i].id))

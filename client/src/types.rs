@@ -58,6 +58,17 @@ pub struct Member {
     pub client_address: String,
     /// `voter` | `learner`.
     pub role: String,
+    /// In `/cluster` from the leader (else `None`): whether the member answered the leader
+    /// within an election timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachable: Option<bool>,
+    /// In `/cluster` from the leader: the last log index the leader knows the member holds
+    /// (0 until it first answers this leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_index: Option<u64>,
+    /// In `/cluster` from the leader: how many entries the member is behind the leader's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
 }
 
 /// (ext) The answer to `POST /cluster/members` and `DELETE /cluster/members/{id}`.

@@ -40,9 +40,18 @@ fn changed(output: &Output, membership: &Membership, what: &str) -> Result<(), C
     output.either(&human, membership)
 }
 
-/// `node-1 (voter) at 127.0.0.1:8081, …`
-fn members_line(members: &[Member]) -> String {
-    let each = members.iter().map(|m| format!("{} ({}) at {}", m.node_id, m.role, m.client_address));
+/// `node-1 (voter) at 127.0.0.1:8081, …`; from the leader, with how far behind each member is
+/// (`node-2 (voter) at 127.0.0.1:8082 lag 0, node-3 (voter) at 127.0.0.1:8083 not answering, lag 7`).
+pub(super) fn members_line(members: &[Member]) -> String {
+    let each = members.iter().map(|m| {
+        let progress = match (m.reachable, m.lag) {
+            (Some(false), Some(lag)) => format!(" not answering, lag {lag}"),
+            (Some(false), None) => " not answering".to_string(),
+            (_, Some(lag)) => format!(" lag {lag}"),
+            _ => String::new(),
+        };
+        format!("{} ({}) at {}{progress}", m.node_id, m.role, m.client_address)
+    });
     each.collect::<Vec<_>>().join(", ")
 }
 

@@ -614,3 +614,34 @@ async fn a_count_not_reached_before_the_topic_is_deleted_fails() {
     assert!(subscribe::ended_before_count(Some(2), 2, "the subscription to t ended").is_ok());
     assert!(subscribe::ended_before_count(None, 0, "the subscription to t ended").is_ok());
 }
+
+#[test]
+fn members_show_how_far_behind_each_is_when_the_leader_says() {
+    let member = |id: u64, reachable: Option<bool>, lag: Option<u64>| crate::types::Member {
+        node_id: format!("node-{id}"),
+        address: format!("10.0.0.{id}:8080"),
+        client_address: format!("10.0.0.{id}:8080"),
+        role: "voter".into(),
+        reachable,
+        matched_index: lag.map(|lag| 10 - lag),
+        lag,
+    };
+    let from_leader =
+        [member(1, Some(true), Some(0)), member(2, Some(true), Some(3)), member(3, Some(false), Some(10))];
+    assert_eq!(
+        cluster::members_line(&from_leader),
+        "node-1 (voter) at 10.0.0.1:8080 lag 0, node-2 (voter) at 10.0.0.2:8080 lag 3, \
+         node-3 (voter) at 10.0.0.3:8080 not answering, lag 10"
+    );
+    assert_eq!(cluster::members_line(&[member(2, None, None)]), "node-2 (voter) at 10.0.0.2:8080");
+    // A follower's answer (null fields) reads as before, and so do older nodes' (no fields).
+    let older: crate::types::Member = serde_json::from_value(
+        json!({"node_id": "node-2", "address": "a:1", "client_address": "a:1", "role": "voter"}),
+    )
+    .unwrap();
+    assert_eq!((older.reachable, older.lag), (None, None));
+    let follower: crate::types::Member = serde_json::from_value(json!({"node_id": "node-2", "address": "a:1",
+        "client_address": "a:1", "role": "voter", "reachable": null, "matched_index": null, "lag": null}))
+    .unwrap();
+    assert_eq!(follower, older);
+}

@@ -71,7 +71,7 @@ pub async fn cluster(State(app): State<SharedApp>) -> Json<Value> {
         "role": role(m.state),
         "last_applied": m.last_applied.map(|l| l.index).unwrap_or(0),
         "nodes_short_of_disk": crate::error::node_names(&short_of_disk),
-        "members": super::members::members_json(&app, membership),
+        "members": super::members::members_progress_json(&app, &m),
         "membership_joint": crate::raft::joint::is_joint(membership),
     }))
 }

@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, Uri};
 use axum::{Extension, Json};
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, ServerState};
-use raft_store::typ::{LogId, NodeId};
+use raft_store::typ::{LogId, NodeId, RaftMetrics};
 use raft_store::Node;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -48,6 +48,34 @@ pub fn members_json(app: &App, membership: &Membership<NodeId, Node>) -> Vec<Val
             })
         })
         .collect()
+}
+
+/// `members_json` with what the leader knows of each member's replication (`/cluster`):
+/// whether it answered the leader within an election timeout (the test a membership change
+/// makes of the voters), the last log index the leader knows it holds, and how far that is
+/// behind the leader's log. `null` on a node that does not lead: only the leader sends to
+/// every member.
+pub fn members_progress_json(app: &App, m: &RaftMetrics) -> Vec<Value> {
+    let membership = m.membership_config.membership();
+    let leading = m.state == ServerState::Leader && m.current_leader == Some(app.id());
+    let recent = Duration::from_millis(app.config.election_timeout_ms);
+    let last_log_index = m.last_log_index.unwrap_or(0);
+    let ids: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+    let mut members = members_json(app, membership);
+    for (member, id) in members.iter_mut().zip(ids) {
+        let (reachable, matched) = if !leading {
+            (Value::Null, None)
+        } else if id == app.id() {
+            (Value::Bool(true), Some(last_log_index))
+        } else {
+            let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten());
+            (Value::Bool(app.peers.answered_within(id, recent)), Some(matched.map_or(0, |l| l.index)))
+        };
+        member["reachable"] = reachable;
+        member["matched_index"] = json!(matched);
+        member["lag"] = json!(matched.map(|matched| last_log_index.saturating_sub(matched)));
+    }
+    members
 }
 
 /// The body of `POST /cluster/members`.
