@@ -143,7 +143,14 @@ PIDS=()
 SKIPPED=""
 
 log() { echo "compare: $*" >&2; }
-note() { echo "$*" >>"$NOTES"; log "$*"; }
+# The round being run (1-based; empty before the first), which notes and result rows name when
+# there are several.
+ROUND=
+note() {
+    local what="$*"
+    [ "$ROUNDS" -eq 1 ] || [ -z "$ROUND" ] || what="round $ROUND: $what"
+    echo "$what" >>"$NOTES"; log "$what"
+}
 
 stop_all() {
     local pid
@@ -213,9 +220,15 @@ record() {
     local rate p50 p99 n errs cpu_us
     rate=$(json_num msgs_per_sec "$line"); p50=$(json_num p50_ms "$line"); p99=$(json_num p99_ms "$line")
     n=$(json_num messages "$line"); errs=$(json_num errors "$line")
-    if [ -z "$rate" ]; then note "$sys C=$c: no result"; return; fi
+    if [ -z "$rate" ]; then
+        # Counted as a run that acknowledged nothing: a median over the runs that did would
+        # flatter the cell.
+        note "$sys C=$c: no result"
+        printf '%s\t%s\t0\t0\t0\t0\t0\t%s\t0\t%s\n' "$sys" "$c" "$want" "$ROUND" >>"$RESULTS"
+        return
+    fi
     cpu_us=$(awk -v s="$BUSY_SECS" -v n="$n" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" "$cpu_us" >>"$RESULTS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" "$cpu_us" "$ROUND" >>"$RESULTS"
     log "$sys C=$c: $(printf '%.0f msgs/s, p50 %.2f ms, p99 %.2f ms, %s acked, %s errors, %.0f µs of machine CPU per message' \
         "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$cpu_us")"
 }
@@ -228,8 +241,8 @@ record_fanout() {
     got=$(json_num delivered "$line"); miss=$(json_num deliver_missing "$line"); derrs=$(json_num deliver_errors "$line")
     d50=$(json_num deliver_p50_ms "$line"); d99=$(json_num deliver_p99_ms "$line"); d999=$(json_num deliver_p999_ms "$line")
     if [ -z "$d99" ]; then note "$sys fanout K=$k R=$r: no result"; return; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$k" "$r" "$want" "$rate" "$n" "${errs:-0}" \
-        "$got" "${miss:-0}" "$d50" "$d99" "$d999" >>"$FANOUT_RESULTS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$k" "$r" "$want" "$rate" "$n" "${errs:-0}" \
+        "$got" "${miss:-0}" "$d50" "$d99" "$d999" "$ROUND" >>"$FANOUT_RESULTS"
     log "$sys fanout K=$k R=$r: $(printf '%.0f msgs/s, %s acked, %s errors, %s delivered, %s missing, %s stream errors; deliver p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms' \
         "$rate" "$n" "${errs:-0}" "$got" "${miss:-0}" "${derrs:-0}" "$d50" "$d99" "$d999")"
     if [ "${derrs:-0}" != 0 ]; then note "$sys fanout K=$k R=$r: $derrs subscriber stream errors (gaps or reconnects spent)"; fi
@@ -468,6 +481,7 @@ run_edge() {
 }
 
 for ((r = 0; r < ROUNDS; r++)); do
+    ROUND=$((r + 1))
     for ((q = 0; q < ${#SYS[@]}; q++)); do
         s=${SYS[$(((q + r) % ${#SYS[@]}))]}
         case " $SKIPPED " in *" $s "*) continue ;; esac
@@ -595,20 +609,21 @@ if section batch; then
 fi
 # Publish/ws/batch notes, of every run (not only the median ones): failed publishes, runs that
 # hit the time limit.
-awk -F'\t' '
-    $7 > 0 { printf "\nnote: %s C=%s: %s publishes failed\n", $1, $2, $7 }
-    $6 < $8 { printf "\nnote: %s C=%s: only %s of %s acknowledged within the time limit\n", $1, $2, $6, $8 }' "$RESULTS"
+awk -F'\t' -v rounds="$ROUNDS" '
+    { what = (rounds > 1 ? "round " $10 ": " : "") $1 " C=" $2 }
+    $7 > 0 { printf "\nnote: %s: %s publishes failed\n", what, $7 }
+    $6 < $8 { printf "\nnote: %s: only %s of %s acknowledged within the time limit\n", what, $6, $8 }' "$RESULTS"
 if section fanout; then
     echo
     echo "Fan-out: 1 publisher paced at R msgs/s (${FANOUT_TRANSPORT} for ours), K subscribers (ours: WebSocket; NATS: ordered push"
     echo "consumers), deliver latency from the payload's timestamp to arrival; ours/NATS of the deliver p99 (below 1: ours faster)"
     echo
-    awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" '
+    awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" -v rounds="$ROUNDS" '
         # Each cell is its median run per (system, K, R) by deliver p99 (of an even number, the
         # slower of the middle two); the notes below name every run that fell short.
         {
             k = $1 SUBSEP $2 SUBSEP $3; runs[k]++; row[k, runs[k]] = $0
-            what = sprintf("%s fanout K=%s R=%s", $1, $2, $3)
+            what = sprintf("%s%s fanout K=%s R=%s", (rounds > 1 ? "round " $13 ": " : ""), $1, $2, $3)
             if ($7 > 0) notes = notes sprintf("\nnote: %s: %s publishes failed\n", what, $7)
             if ($6 < $4) notes = notes sprintf("\nnote: %s: only %s of %s acknowledged within the time limit\n", what, $6, $4)
             if ($5 < 0.95 * $3) notes = notes sprintf("\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, $5, $3)
@@ -649,11 +664,11 @@ if section fanout; then
 fi
 if [ "$ROUNDS" -gt 1 ]; then
     echo
-    echo "every publish/ws run (system, C, msgs/s, p50 ms, p99 ms, machine CPU µs per message):"
-    awk -F'\t' '{ printf "  %s C=%s %.0f %.2f %.2f %.0f\n", $1, $2, $3, $4, $5, $9 }' "$RESULTS"
+    echo "every publish/ws run (round, system, C, msgs/s, p50 ms, p99 ms, machine CPU µs per message):"
+    awk -F'\t' '{ printf "  %s %s C=%s %.0f %.2f %.2f %.0f\n", $10, $1, $2, $3, $4, $5, $9 }' "$RESULTS"
     if [ -s "$FANOUT_RESULTS" ]; then
-        echo "every fanout run (system, K, R, msgs/s, deliver p50/p99/p99.9 ms, missing):"
-        awk -F'\t' '{ printf "  %s K=%s R=%s %.0f %.2f %.2f %.2f %s\n", $1, $2, $3, $5, $10, $11, $12, $9 }' "$FANOUT_RESULTS"
+        echo "every fanout run (round, system, K, R, msgs/s, deliver p50/p99/p99.9 ms, missing):"
+        awk -F'\t' '{ printf "  %s %s K=%s R=%s %.0f %.2f %.2f %.2f %s\n", $13, $1, $2, $3, $5, $10, $11, $12, $9 }' "$FANOUT_RESULTS"
     fi
 fi
 if [ -s "$NOTES" ]; then
