@@ -55,7 +55,8 @@
 #                               round, every round starts each system on empty data
 #                               directories, and each cell of the tables is its median run
 #                               (by msgs/s; fanout: by deliver p99; of an even number, the
-#                               worse of the middle two); every run is listed below the tables
+#                               worse of the middle two; a round with no result for it counts
+#                               as its worst); every run is listed below the tables
 #                               (use 3 on a shared, noisy machine)
 #   PAYLOAD_CONTENT=text        what fills our payloads (`pubsub bench --payload-content`: text,
 #                               random or repeat). Ours compresses stored messages, so this
@@ -220,13 +221,8 @@ record() {
     local rate p50 p99 n errs cpu_us
     rate=$(json_num msgs_per_sec "$line"); p50=$(json_num p50_ms "$line"); p99=$(json_num p99_ms "$line")
     n=$(json_num messages "$line"); errs=$(json_num errors "$line")
-    if [ -z "$rate" ]; then
-        # Counted as a run that acknowledged nothing: a median over the runs that did would
-        # flatter the cell.
-        note "$sys C=$c: no result"
-        printf '%s\t%s\t0\t0\t0\t0\t0\t%s\t0\t%s\n' "$sys" "$c" "$want" "$ROUND" >>"$RESULTS"
-        return
-    fi
+    # A run with no result writes no row: the tables count it as the worst run of its cell.
+    if [ -z "$rate" ]; then note "$sys C=$c: no result"; return; fi
     cpu_us=$(awk -v s="$BUSY_SECS" -v n="$n" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sys" "$c" "$rate" "$p50" "$p99" "$n" "${errs:-0}" "$want" "$cpu_us" "$ROUND" >>"$RESULTS"
     log "$sys C=$c: $(printf '%.0f msgs/s, p50 %.2f ms, p99 %.2f ms, %s acked, %s errors, %.0f µs of machine CPU per message' \
@@ -501,34 +497,42 @@ done
 
 # ---------------------------------------------------------------- the tables
 # Each publish/ws/batch cell is its median run per (system, C) by msgs/s (of an even number
-# of rounds, the slower of the middle two): the awk prelude shared by the tables, whose END runs
-# before theirs.
+# of rounds, the slower of the middle two), a round that gave the cell no result (the run or
+# its system's start failed) counting as its worst: the awk prelude shared by the tables (run
+# with -v rounds=$ROUNDS), whose END runs before theirs.
 # shellcheck disable=SC2016 # awk code, expanded by awk
 MEDIAN_PUBLISH='
     { k = $1 SUBSEP $2; runs[k]++; row[k, runs[k]] = $0; by[k, runs[k]] = $3 }
     END {
         for (k in runs) {
-            split(row[k, median(k, 1)], f, "\t")
+            i = median(k, 1)
+            if (i == 0) { no_result[k] = 1; continue }
+            split(row[k, i], f, "\t")
             rate[k] = f[3]; p50[k] = f[4]; p99[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; want[k] = f[8]; cpu[k] = f[9]
         }
     }
-    # The index of the median of key k'"'"'s runs, ordered worst first by by[]: ascending when
-    # higher is better (1), descending when lower is (-1).
-    function median(k, higher_better,   m, i, j, t, at) {
-        m = runs[k]
+    # The index of the median of key k'"'"'s runs, ordered worst first by by[] (ascending when
+    # higher is better (1), descending when lower is (-1)) after the rounds with no result;
+    # 0 when the median is a round with no result.
+    function median(k, higher_better,   m, i, j, t, at, missing, mid) {
+        m = runs[k]; missing = rounds > m ? rounds - m : 0
         for (i = 1; i <= m; i++) at[i] = i
         for (i = 2; i <= m; i++)
             for (j = i; j > 1 && higher_better * (by[k, at[j - 1]] - by[k, at[j]]) > 0; j--) { t = at[j]; at[j] = at[j - 1]; at[j - 1] = t }
-        return at[int((m + 1) / 2)]
+        mid = int((m + missing + 1) / 2)
+        return mid <= missing ? 0 : at[mid - missing]
     }
     function cpu_cell(s, c) { return ((s, c) in cpu && cpu[s, c] > 0) ? sprintf("%.0f", cpu[s, c]) : "—" }
-    function cell(s, c) { return ((s, c) in rate) ? sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c]) : "— | — | —" }
+    function cell(s, c) {
+        if ((s, c) in rate) return sprintf("%.0f | %.2f | %.2f", rate[s, c], p50[s, c], p99[s, c])
+        return ((s, c) in no_result) ? "no result | — | —" : "— | — | —"
+    }
     function ratio(s, c, other) {
         return ((s, c) in rate && (other, c) in rate && rate[other, c] > 0) ? sprintf("%.2f×", rate[s, c] / rate[other, c]) : "—"
     }'
 echo
 echo "3 nodes per system on 127.0.0.1, ${PAYLOAD}-byte payloads (ours: $PAYLOAD_CONTENT), every publish awaited until acknowledged"
-[ "$ROUNDS" -eq 1 ] || echo "each cell the median of $ROUNDS rounds (of an even number, the worse middle run; system order rotated each round; every run listed below)"
+[ "$ROUNDS" -eq 1 ] || echo "each cell the median of $ROUNDS rounds (of an even number, the worse middle run; a round with no result counts as the worst; system order rotated each round; every run listed below)"
 echo "($(nproc) cores, $(date -u +'%Y-%m-%d %H:%M UTC'); load average before $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"))"
 # What "acknowledged" means differs: say so, with the peers' versions, under every table.
 # ran SYSTEM: SYSTEM is among SYSTEMS and was not skipped.
@@ -547,7 +551,7 @@ if section publish; then
     echo "Publish (ours over HTTP), C requests in flight; the HTTP edge alone is our publish API with no Raft and no"
     echo "disk behind it (one process), the same client: the ceiling of per-message HTTP on this machine:"
     echo
-    awk -F'\t' -v cs="${CS[*]}" -v ns="${NS[*]}" "$MEDIAN_PUBLISH"'
+    awk -F'\t' -v rounds="$ROUNDS" -v cs="${CS[*]}" -v ns="${NS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " "); split(ns, N, " ")
             print "| C | messages | ours msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | etcd 3.4 msgs/s | p50 ms | p99 ms | ours/NATS | ours/etcd | HTTP edge alone msgs/s | p50 ms | p99 ms | ours/edge | NATS/edge |"
@@ -561,7 +565,7 @@ if section publish; then
     echo "The machine's busy CPU time per acknowledged message during each run above (µs; cluster and load generator"
     echo "together, from /proc/stat; $(nproc) cores are full at $(nproc),000,000 / this messages per second):"
     echo
-    awk -F'\t' -v cs="${CS[*]}" "$MEDIAN_PUBLISH"'
+    awk -F'\t' -v rounds="$ROUNDS" -v cs="${CS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " ")
             print "| C | ours | NATS JetStream R3 | etcd 3.4 | HTTP edge alone |"
@@ -576,7 +580,7 @@ if section ws; then
     echo
     echo "Publish over our WebSocket (ours-ws: ceil(C/64) publishers x up to 64 in flight) vs NATS (one connection, C in flight):"
     echo
-    awk -F'\t' -v cs="${WS_CS[*]}" -v ns="${WS_NS[*]}" "$MEDIAN_PUBLISH"'
+    awk -F'\t' -v rounds="$ROUNDS" -v cs="${WS_CS[*]}" -v ns="${WS_NS[*]}" "$MEDIAN_PUBLISH"'
         END {
             nc = split(cs, C, " "); split(ns, N, " ")
             print "| C | messages | ours-ws msgs/s | p50 ms | p99 ms | ours HTTP msgs/s | p50 ms | p99 ms | NATS JetStream R3 msgs/s | p50 ms | p99 ms | ours-ws/NATS |"
@@ -592,7 +596,7 @@ if section batch; then
     echo "Batch publish (ours: B messages per request, C requests in flight; latency per request) vs the best"
     echo "NATS rate of this run (its highest cell, of any C: publish, ws, and the batch section's ${BATCH_NATS_CS[*]} in flight, NATS's async publish):"
     echo
-    awk -F'\t' -v batch_runs="${BATCH_RUNS[*]}" "$MEDIAN_PUBLISH"'
+    awk -F'\t' -v rounds="$ROUNDS" -v batch_runs="${BATCH_RUNS[*]}" "$MEDIAN_PUBLISH"'
         END {
             # NATS'"'"'s best C: the highest of its cells (each a median over the rounds).
             for (k in rate) { split(k, sc, SUBSEP); if (sc[1] == "nats" && rate[k] > nats_best) { nats_best = rate[k]; nats_c = sc[2] } }
@@ -620,7 +624,8 @@ if section fanout; then
     echo
     awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" -v rounds="$ROUNDS" '
         # Each cell is its median run per (system, K, R) by deliver p99 (of an even number, the
-        # slower of the middle two); the notes below name every run that fell short.
+        # slower of the middle two; a round with no result counts as the worst); the notes
+        # below name every run that fell short.
         {
             k = $1 SUBSEP $2 SUBSEP $3; runs[k]++; row[k, runs[k]] = $0
             what = sprintf("%s%s fanout K=%s R=%s", (rounds > 1 ? "round " $13 ": " : ""), $1, $2, $3)
@@ -629,9 +634,10 @@ if section fanout; then
             if ($5 < 0.95 * $3) notes = notes sprintf("\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, $5, $3)
             if ($9 > 0) notes = notes sprintf("\nnote: %s: %s of %s deliveries missing after the drain timeout\n", what, $9, $6 * $2)
         }
-        # The index of key k'"'"'s median run by deliver p99, ordered worst (highest) first.
-        function median(k,   m, i, j, t, at, a, b) {
-            m = runs[k]
+        # The index of key k'"'"'s median run by deliver p99, ordered worst (highest) first after
+        # the rounds with no result; 0 when the median is a round with no result.
+        function median(k,   m, i, j, t, at, a, b, missing, mid) {
+            m = runs[k]; missing = rounds > m ? rounds - m : 0
             for (i = 1; i <= m; i++) at[i] = i
             for (i = 2; i <= m; i++)
                 for (j = i; j > 1; j--) {
@@ -639,14 +645,18 @@ if section fanout; then
                     if (a[11] + 0 >= b[11] + 0) break
                     t = at[j]; at[j] = at[j - 1]; at[j - 1] = t
                 }
-            return at[int((m + 1) / 2)]
+            mid = int((m + missing + 1) / 2)
+            return mid <= missing ? 0 : at[mid - missing]
         }
         function cell(s, K, R) {
-            return ((s, K, R) in d99) ? sprintf("%.2f | %.2f | %.2f | %s", d50[s, K, R], d99[s, K, R], d999[s, K, R], miss[s, K, R]) : "— | — | — | —"
+            if ((s, K, R) in d99) return sprintf("%.2f | %.2f | %.2f | %s", d50[s, K, R], d99[s, K, R], d999[s, K, R], miss[s, K, R])
+            return ((s, K, R) in no_result) ? "no result | — | — | —" : "— | — | — | —"
         }
         END {
             for (k in runs) {
-                split(row[k, median(k)], f, "\t")
+                i = median(k)
+                if (i == 0) { no_result[k] = 1; continue }
+                split(row[k, i], f, "\t")
                 want[k] = f[4]; rate[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; got[k] = f[8]; miss[k] = f[9]
                 d50[k] = f[10]; d99[k] = f[11]; d999[k] = f[12]
             }
