@@ -63,7 +63,7 @@ pub struct Member {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reachable: Option<bool>,
     /// In `/cluster` from the leader: the last log index the leader knows the member holds
-    /// (0 until it first answers this leader).
+    /// (`None` until it first answers this leader's replication).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matched_index: Option<u64>,
     /// In `/cluster` from the leader: how many entries the member is behind the leader's log.

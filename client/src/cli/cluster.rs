@@ -48,7 +48,8 @@ pub(super) fn members_line(members: &[Member]) -> String {
             (Some(false), Some(lag)) => format!(" not answering, lag {lag}"),
             (Some(false), None) => " not answering".to_string(),
             (_, Some(lag)) => format!(" lag {lag}"),
-            _ => String::new(),
+            (Some(true), None) => " lag not known yet".to_string(),
+            (None, None) => String::new(),
         };
         format!("{} ({}) at {}{progress}", m.node_id, m.role, m.client_address)
     });

@@ -634,6 +634,11 @@ fn members_show_how_far_behind_each_is_when_the_leader_says() {
          node-3 (voter) at 10.0.0.3:8080 not answering, lag 10"
     );
     assert_eq!(cluster::members_line(&[member(2, None, None)]), "node-2 (voter) at 10.0.0.2:8080");
+    let unknown = [member(2, Some(true), None), member(3, Some(false), None)];
+    assert_eq!(
+        cluster::members_line(&unknown),
+        "node-2 (voter) at 10.0.0.2:8080 lag not known yet, node-3 (voter) at 10.0.0.3:8080 not answering"
+    );
     // A follower's answer (null fields) reads as before, and so do older nodes' (no fields).
     let older: crate::types::Member = serde_json::from_value(
         json!({"node_id": "node-2", "address": "a:1", "client_address": "a:1", "role": "voter"}),

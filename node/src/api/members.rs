@@ -53,8 +53,10 @@ pub fn members_json(app: &App, membership: &Membership<NodeId, Node>) -> Vec<Val
 /// `members_json` with what the leader knows of each member's replication (`/cluster`):
 /// whether it answered the leader within an election timeout (the test a membership change
 /// makes of the voters), the last log index the leader knows it holds, and how far that is
-/// behind the leader's log. `null` on a node that does not lead: only the leader sends to
-/// every member.
+/// behind the leader's log (both `null` until the member first answers this leader's
+/// replication: not known is not "holds nothing"). All `null` on a node whose role is not
+/// leader: only the leader sends to every member. A leader cut off from its quorum keeps its
+/// role until it sees a higher term, and shows its peers not reachable.
 pub fn members_progress_json(app: &App, m: &RaftMetrics) -> Vec<Value> {
     let membership = m.membership_config.membership();
     let leading = m.state == ServerState::Leader && m.current_leader == Some(app.id());
@@ -69,7 +71,7 @@ pub fn members_progress_json(app: &App, m: &RaftMetrics) -> Vec<Value> {
             (Value::Bool(true), Some(last_log_index))
         } else {
             let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten());
-            (Value::Bool(app.peers.answered_within(id, recent)), Some(matched.map_or(0, |l| l.index)))
+            (Value::Bool(app.peers.answered_within(id, recent)), matched.map(|l| l.index))
         };
         member["reachable"] = reachable;
         member["matched_index"] = json!(matched);
