@@ -418,6 +418,12 @@ async fn the_cli_adds_and_removes_a_member() {
         .map(|m| (m["node_id"].as_str().unwrap(), m["role"].as_str().unwrap()))
         .collect();
     assert_eq!(roles, [("node-1", "voter"), ("node-2", "voter")], "{info}");
+    // Asked of the follower, the human output shows the leader's view of each member.
+    let (code, out, err) = pubsub(&["-s", &c.url(new), "cluster"], None).await;
+    assert_eq!(code, 0, "{err}");
+    let members = out.lines().find(|l| l.starts_with("members")).unwrap_or_default();
+    assert!(members.contains("node-1 (voter) at") && members.contains("lag 0,"), "{out}");
+    assert!(members.contains("node-2 (voter) at") && members.matches(" lag ").count() == 2, "{out}");
     let remove = ["-s", &url, "cluster", "remove", "2", "--cluster-secret", &secret];
     let (code, out, err) = pubsub(&remove, None).await;
     assert_eq!(code, 0, "{out}{err}");

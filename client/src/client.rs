@@ -329,6 +329,17 @@ impl Client {
         Ok(info)
     }
 
+    /// (ext) [`Client::cluster`] asked of the leader, as far as this client knows it (from an
+    /// earlier answer): only the leader's `members` carry each member's replication
+    /// (`reachable`, `matched_index`, `lag`). Check `role`: with no leader known, or a leader
+    /// that moved, another node answers.
+    pub async fn cluster_from_leader(&self) -> Result<ClusterInfo, Error> {
+        let reply = self.execute(&Call::new(Method::GET, &["cluster"], true)).await?;
+        let info: ClusterInfo = reply.parse()?;
+        self.learn(&info);
+        Ok(info)
+    }
+
     /// (ext) Adds node `id`, reached by peers at `address` (its `--advertise`), to the
     /// cluster: as a learner until it holds the leader's log, then as a voter. Start the node
     /// first, with `--join`. Idempotent: a voter already at that address answers
