@@ -726,6 +726,9 @@ async fn every_error_has_a_body_and_the_node_reports_health() {
     assert!(log_bytes.parse::<u64>().unwrap() > 0, "the entries are in the log's files: {log_bytes}");
     let followers = text.lines().filter(|l| l.starts_with("pubsub_raft_follower_lag_entries{follower=")).count();
     assert_eq!(followers, 2, "the leader reports each follower's lag:\n{text}");
+    let reachable =
+        text.lines().filter(|l| l.starts_with("pubsub_raft_follower_reachable{follower=")).collect::<Vec<_>>();
+    assert!(reachable.len() == 2 && reachable.iter().all(|l| l.ends_with(" 1")), "both followers answer:\n{text}");
 }
 
 /// `pubsub_raft_is_leader` is 1 on the leader alone, the one `/cluster` names, and 0 on a

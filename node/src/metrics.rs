@@ -88,6 +88,7 @@ pub struct Metrics {
     data_dir_available_bytes: Gauge<u64, AtomicU64>,
     data_dir_min_free_bytes: Gauge<u64, AtomicU64>,
     follower_lag: Family<FollowerLabel, Gauge<u64, AtomicU64>>,
+    follower_reachable: Family<FollowerLabel, Gauge>,
     table_file_bytes: Family<ColumnFamilyLabel, Gauge<u64, AtomicU64>>,
     read_pages_bytes: Gauge<u64, AtomicU64>,
     request_bodies_bytes: Gauge<u64, AtomicU64>,
@@ -235,6 +236,13 @@ impl Default for Metrics {
             "On the leader: log entries each follower has yet to confirm",
             follower_lag.clone(),
         );
+        let follower_reachable = Family::<FollowerLabel, Gauge>::default();
+        registry.register(
+            "raft_follower_reachable",
+            "On the leader: 1 for each follower that answered it within an election timeout, else 0 (a membership \
+             change needs a majority of the voters answering)",
+            follower_reachable.clone(),
+        );
         let read_pages_bytes = Gauge::<u64, AtomicU64>::default();
         registry.register(
             "read_pages_bytes",
@@ -277,6 +285,7 @@ impl Default for Metrics {
             data_dir_available_bytes,
             data_dir_min_free_bytes,
             follower_lag,
+            follower_reachable,
             table_file_bytes,
             read_pages_bytes,
             request_bodies_bytes,
@@ -331,7 +340,10 @@ impl Metrics {
             self.snapshot_index.set(m.snapshot.map_or(0, |snapshot| snapshot.index));
             for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != app.id()) {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
-                self.follower_lag.get_or_create(&FollowerLabel { follower: id.to_string() }).set(lag);
+                let follower = FollowerLabel { follower: id.to_string() };
+                self.follower_lag.get_or_create(&follower).set(lag);
+                let answered = app.peers.answered_within(*id, Duration::from_millis(app.config.election_timeout_ms));
+                self.follower_reachable.get_or_create(&follower).set(i64::from(answered));
             }
         }
         self.commit_index.set(app.commit_index(self.last_applied.get()));
@@ -362,6 +374,7 @@ impl Metrics {
         // not held in between: with 100,000 topics that is megabytes.
         self.topic_sequence.clear();
         self.follower_lag.clear();
+        self.follower_reachable.clear();
         out
     }
 }
