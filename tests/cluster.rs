@@ -991,6 +991,30 @@ const CLAIM_WITHDRAWN_MAX: Duration = Duration::from_secs(10);
 /// cluster through the log, and the leader then refuses publishes `507 insufficient_storage`
 /// naming it, storing nothing, while reads go on; started again with room, it withdraws its
 /// claim and publishes are taken at the next sequence.
+/// `POST {path}` with `body` to the node leading now, following a `307` and waiting out a
+/// `503 no_leader`: the answer of the leader itself (a `201`, a `507`, ...), so that a leader
+/// change while a node restarts does not fail a test about something else.
+async fn post_to_leader(c: &Cluster, path: &str, body: &Value) -> pubsub_tests::http::Reply {
+    let mut target = c.url(c.wait_leader(CONVERGE).await);
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    loop {
+        let reply = post(&format!("{target}{path}"), body).await.expect("the node answers");
+        match reply.status {
+            307 => target = format!("http://{}", reply.body["leader_address"].as_str().expect("a leader named")),
+            503 if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                target = c.url(c.wait_leader(CONVERGE).await);
+            }
+            _ => return reply,
+        }
+    }
+}
+
+/// One message published to topic `t` through the node leading now.
+async fn publish_one(c: &Cluster) -> pubsub_tests::http::Reply {
+    post_to_leader(c, "/topics/t/messages", &json!({"payload": 1})).await
+}
+
 /// Restarts node `i` with a free-space reserve no disk has: it claims to be short of room.
 fn restart_short_of_disk(c: &mut Cluster, i: usize) {
     c.kill(i);
@@ -1003,29 +1027,29 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     let mut c = Cluster::start(Options::default()).await;
     create_topic(&c, "t").await;
     let leader = c.wait_leader(CONVERGE).await;
-    let (follower, l) = ((leader + 1) % 3, c.url(leader));
-    let (url, body) = (format!("{l}/topics/t/messages"), json!({"payload": 1}));
-    let publish = || post(&url, &body);
-    assert_eq!(publish().await.unwrap().status, 201);
+    let follower = (leader + 1) % 3;
+    assert_eq!(publish_one(&c).await.status, 201);
     restart_short_of_disk(&mut c, follower);
 
     let refused = wait_until("a publish refused for the follower's disk", CONVERGE, || async {
-        let reply = publish().await.unwrap();
+        let reply = publish_one(&c).await;
         (reply.status != 201).then_some(reply)
     })
     .await;
     assert_eq!((refused.status, &refused.body["error"]), (507, &json!("insufficient_storage")), "{:?}", refused.body);
     let short_node = json!([format!("node-{}", follower + 1)]);
     assert_eq!(refused.body["details"]["nodes"], short_node, "{:?}", refused.body);
+    let l = c.url(c.wait_leader(CONVERGE).await);
     let (_, info) = pubsub_tests::http::get_json(&format!("{l}/cluster")).await.unwrap();
     assert_eq!(info["nodes_short_of_disk"], short_node, "{info}");
     // Publishes taken before the follower's claim was applied count; the refused ones do not.
     let sequence = || async {
+        let l = c.url(c.wait_leader(CONVERGE).await);
         let (_, topic) = pubsub_tests::http::get_json(&format!("{l}/topics/t")).await.unwrap();
         topic["current_sequence"].as_u64().expect("current_sequence")
     };
     let stored = sequence().await;
-    let batch = post(&format!("{l}/topics/t/messages/batch"), &json!({"messages": [{"payload": 2}]})).await.unwrap();
+    let batch = post_to_leader(&c, "/topics/t/messages/batch", &json!({"messages": [{"payload": 2}]})).await;
     assert_eq!(batch.status, 507, "{:?}", batch.body);
     assert_eq!(sequence().await, stored);
 
@@ -1033,7 +1057,7 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
     c.nodes[follower].args.clear();
     c.restart(follower);
     let taken = wait_until("a publish taken once the follower has room", CLAIM_WITHDRAWN_MAX, || async {
-        let reply = publish().await.unwrap();
+        let reply = publish_one(&c).await;
         (reply.status != 507).then_some(reply)
     })
     .await;
@@ -1052,11 +1076,8 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
     let leader = c.wait_leader(CONVERGE).await;
     let follower = (leader + 1) % 3;
     restart_short_of_disk(&mut c, follower);
-    let l = c.url(leader);
-    let (url, body) = (format!("{l}/topics/t/messages"), json!({"payload": 1}));
-    let publish = || post(&url, &body);
     wait_until("a publish refused for the follower's disk", CONVERGE, || async {
-        (publish().await.unwrap().status == 507).then_some(())
+        (publish_one(&c).await.status == 507).then_some(())
     })
     .await;
 
@@ -1066,10 +1087,8 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
     .await;
     assert_eq!(removed.status, 200, "{removed:?}");
     assert!(c.running(follower));
-    let l = c.url(c.wait_leader(CONVERGE).await);
-    let url = format!("{l}/topics/t/messages");
     let taken = wait_until("a publish taken once the follower is removed", CLAIM_WITHDRAWN_MAX, || async {
-        let reply = post(&url, &body).await.unwrap();
+        let reply = publish_one(&c).await;
         (reply.status != 507).then_some(reply)
     })
     .await;
@@ -1077,7 +1096,7 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
     // Past its next renewals, publishes are still taken.
     let past_renewals = tokio::time::Instant::now() + DISK_SHORT_CLAIM_RENEW + DISK_ROOM_REPORT_INTERVAL * 3;
     while tokio::time::Instant::now() < past_renewals {
-        let reply = post(&url, &body).await.unwrap();
+        let reply = publish_one(&c).await;
         assert_eq!(reply.status, 201, "{reply:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
