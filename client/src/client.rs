@@ -323,10 +323,7 @@ impl Client {
     /// # }
     /// ```
     pub async fn cluster(&self) -> Result<ClusterInfo, Error> {
-        let reply = self.execute(&Call::new(Method::GET, &["cluster"], false)).await?;
-        let info: ClusterInfo = reply.parse()?;
-        self.learn(&info);
-        Ok(info)
+        self.get_cluster(false).await
     }
 
     /// (ext) [`Client::cluster`] asked of the leader, as far as this client knows it (from an
@@ -334,7 +331,13 @@ impl Client {
     /// (`reachable`, `matched_index`, `lag`). Check `role`: with no leader known, or a leader
     /// that moved, another node answers.
     pub async fn cluster_from_leader(&self) -> Result<ClusterInfo, Error> {
-        let reply = self.execute(&Call::new(Method::GET, &["cluster"], true)).await?;
+        self.get_cluster(true).await
+    }
+
+    /// `GET /cluster` of any node, or of the leader this client knows; the answer teaches it
+    /// the leader.
+    async fn get_cluster(&self, to_leader: bool) -> Result<ClusterInfo, Error> {
+        let reply = self.execute(&Call::new(Method::GET, &["cluster"], to_leader)).await?;
         let info: ClusterInfo = reply.parse()?;
         self.learn(&info);
         Ok(info)

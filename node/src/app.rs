@@ -119,6 +119,18 @@ impl App {
         self.config.id
     }
 
+    /// Whether node `id` answered this node within an election timeout (this node always
+    /// does): how a leader tells a live member from a lost one, for membership changes,
+    /// `/cluster` and `/metrics`.
+    pub fn answers(&self, id: NodeId) -> bool {
+        id == self.id() || self.peers.answered_within(id, self.answer_window())
+    }
+
+    /// The window of [`App::answers`]: one election timeout.
+    pub fn answer_window(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.election_timeout_ms)
+    }
+
     /// The time this node stamps on what it proposes: its clock, corrected by the voters'
     /// agreement (`cluster_clock.rs`).
     pub fn now_ms(&self) -> u64 {

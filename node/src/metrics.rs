@@ -342,8 +342,7 @@ impl Metrics {
                 let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
                 let follower = FollowerLabel { follower: id.to_string() };
                 self.follower_lag.get_or_create(&follower).set(lag);
-                let answered = app.peers.answered_within(*id, Duration::from_millis(app.config.election_timeout_ms));
-                self.follower_reachable.get_or_create(&follower).set(i64::from(answered));
+                self.follower_reachable.get_or_create(&follower).set(i64::from(app.answers(*id)));
             }
         }
         self.commit_index.set(app.commit_index(self.last_applied.get()));

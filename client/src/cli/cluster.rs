@@ -80,12 +80,12 @@ async fn show(client: &Client, output: &Output) -> Result<(), CliError> {
     if !info.members.is_empty() {
         // Only the leader knows how far behind each member is: a follower's answer shows the
         // leader's view of the members (the --json output stays the asked node's own answer).
-        let from_leader = match role {
-            "leader" => None,
-            _ if info.leader_address.is_some() => client.cluster_from_leader().await.ok(),
-            _ => None,
+        let from_leader = if role != "leader" && info.leader_address.is_some() {
+            client.cluster_from_leader().await.ok().filter(|l| l.role.as_deref() == Some("leader"))
+        } else {
+            None
         };
-        let members = from_leader.filter(|l| l.role.as_deref() == Some("leader")).map(|l| l.members);
+        let members = from_leader.map(|l| l.members);
         human.push_str(&format!("\nmembers  {}", members_line(members.as_ref().unwrap_or(&info.members))));
     }
     if info.membership_joint {

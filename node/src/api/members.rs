@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -59,19 +58,16 @@ pub fn members_json(app: &App, membership: &Membership<NodeId, Node>) -> Vec<Val
 /// role until it sees a higher term, and shows its peers not reachable.
 pub fn members_progress_json(app: &App, m: &RaftMetrics) -> Vec<Value> {
     let membership = m.membership_config.membership();
-    let leading = m.state == ServerState::Leader && m.current_leader == Some(app.id());
-    let recent = Duration::from_millis(app.config.election_timeout_ms);
     let last_log_index = m.last_log_index.unwrap_or(0);
-    let ids: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
     let mut members = members_json(app, membership);
-    for (member, id) in members.iter_mut().zip(ids) {
-        let (reachable, matched) = if !leading {
+    for (member, (&id, _)) in members.iter_mut().zip(membership.nodes()) {
+        let (reachable, matched) = if m.state != ServerState::Leader {
             (Value::Null, None)
         } else if id == app.id() {
             (Value::Bool(true), Some(last_log_index))
         } else {
             let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten());
-            (Value::Bool(app.peers.answered_within(id, recent)), matched.map(|l| l.index))
+            (Value::Bool(app.answers(id)), matched.map(|l| l.index))
         };
         member["reachable"] = reachable;
         member["matched_index"] = json!(matched);
@@ -262,9 +258,7 @@ fn require_quorum_after(
     if after.is_empty() {
         return Err(ApiError::InvalidRequest("the change would leave the cluster without a voter".into()));
     }
-    let recent = Duration::from_millis(app.config.election_timeout_ms);
-    let live = |id: NodeId| id == app.id() || app.peers.answered_within(id, recent);
-    let Some((voters, silent)) = short_of_majority(&now, &after, live) else {
+    let Some((voters, silent)) = short_of_majority(&now, &after, |id| app.answers(id)) else {
         return Ok(());
     };
     let which = if voters == after { "after this change the voters would be" } else { "the voters now are" };
@@ -275,7 +269,7 @@ fn require_quorum_after(
         crate::error::node_names(&voters).join(", "),
         silent.len(),
         crate::error::node_names(&silent).join(", "),
-        recent.as_millis()
+        app.answer_window().as_millis()
     )))
 }
 
