@@ -496,21 +496,13 @@ for ((r = 0; r < ROUNDS; r++)); do
 done
 
 # ---------------------------------------------------------------- the tables
-# Each publish/ws/batch cell is its median run per (system, C) by msgs/s (of an even number
-# of rounds, the slower of the middle two), a round that gave the cell no result (the run or
-# its system's start failed) counting as its worst: the awk prelude shared by the tables (run
-# with -v rounds=$ROUNDS), whose END runs before theirs.
+# The median run of a cell, shared by the publish and fan-out tables (awk run with
+# -v rounds=$ROUNDS): each rule puts a cell k's runs in runs[k], row[k, i] and by[k, i] (the
+# figure the runs are ordered by); a round that gave the cell no result (the run or its
+# system's start failed) counts as its worst run, and of an even number the worse middle run
+# is taken.
 # shellcheck disable=SC2016 # awk code, expanded by awk
-MEDIAN_PUBLISH='
-    { k = $1 SUBSEP $2; runs[k]++; row[k, runs[k]] = $0; by[k, runs[k]] = $3 }
-    END {
-        for (k in runs) {
-            i = median(k, 1)
-            if (i == 0) { no_result[k] = 1; continue }
-            split(row[k, i], f, "\t")
-            rate[k] = f[3]; p50[k] = f[4]; p99[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; want[k] = f[8]; cpu[k] = f[9]
-        }
-    }
+MEDIAN_RUN='
     # The index of the median of key k'"'"'s runs, ordered worst first by by[] (ascending when
     # higher is better (1), descending when lower is (-1)) after the rounds with no result;
     # 0 when the median is a round with no result.
@@ -521,6 +513,19 @@ MEDIAN_PUBLISH='
             for (j = i; j > 1 && higher_better * (by[k, at[j - 1]] - by[k, at[j]]) > 0; j--) { t = at[j]; at[j] = at[j - 1]; at[j - 1] = t }
         mid = int((m + missing + 1) / 2)
         return mid <= missing ? 0 : at[mid - missing]
+    }'
+# Each publish/ws/batch cell is its median run per (system, C) by msgs/s: the awk prelude
+# shared by the tables, whose END runs before theirs.
+# shellcheck disable=SC2016 # awk code, expanded by awk
+MEDIAN_PUBLISH="$MEDIAN_RUN"'
+    { k = $1 SUBSEP $2; runs[k]++; row[k, runs[k]] = $0; by[k, runs[k]] = $3 }
+    END {
+        for (k in runs) {
+            i = median(k, 1)
+            if (i == 0) { no_result[k] = 1; continue }
+            split(row[k, i], f, "\t")
+            rate[k] = f[3]; p50[k] = f[4]; p99[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; want[k] = f[8]; cpu[k] = f[9]
+        }
     }
     function cpu_cell(s, c) { return ((s, c) in cpu && cpu[s, c] > 0) ? sprintf("%.0f", cpu[s, c]) : "—" }
     function cell(s, c) {
@@ -622,31 +627,17 @@ if section fanout; then
     echo "Fan-out: 1 publisher paced at R msgs/s (${FANOUT_TRANSPORT} for ours), K subscribers (ours: WebSocket; NATS: ordered push"
     echo "consumers), deliver latency from the payload's timestamp to arrival; ours/NATS of the deliver p99 (below 1: ours faster)"
     echo
-    awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" -v rounds="$ROUNDS" '
+    awk -F'\t' -v fanout_runs="${FANOUT_RUNS[*]}" -v secs="$FANOUT_SECS" -v rounds="$ROUNDS" "$MEDIAN_RUN"'
         # Each cell is its median run per (system, K, R) by deliver p99 (of an even number, the
         # slower of the middle two; a round with no result counts as the worst); the notes
         # below name every run that fell short.
         {
-            k = $1 SUBSEP $2 SUBSEP $3; runs[k]++; row[k, runs[k]] = $0
+            k = $1 SUBSEP $2 SUBSEP $3; runs[k]++; row[k, runs[k]] = $0; by[k, runs[k]] = $11
             what = sprintf("%s%s fanout K=%s R=%s", (rounds > 1 ? "round " $13 ": " : ""), $1, $2, $3)
             if ($7 > 0) notes = notes sprintf("\nnote: %s: %s publishes failed\n", what, $7)
             if ($6 < $4) notes = notes sprintf("\nnote: %s: only %s of %s acknowledged within the time limit\n", what, $6, $4)
             if ($5 < 0.95 * $3) notes = notes sprintf("\nnote: %s: published %.0f msgs/s, short of the paced %s\n", what, $5, $3)
             if ($9 > 0) notes = notes sprintf("\nnote: %s: %s of %s deliveries missing after the drain timeout\n", what, $9, $6 * $2)
-        }
-        # The index of key k'"'"'s median run by deliver p99, ordered worst (highest) first after
-        # the rounds with no result; 0 when the median is a round with no result.
-        function median(k,   m, i, j, t, at, a, b, missing, mid) {
-            m = runs[k]; missing = rounds > m ? rounds - m : 0
-            for (i = 1; i <= m; i++) at[i] = i
-            for (i = 2; i <= m; i++)
-                for (j = i; j > 1; j--) {
-                    split(row[k, at[j - 1]], a, "\t"); split(row[k, at[j]], b, "\t")
-                    if (a[11] + 0 >= b[11] + 0) break
-                    t = at[j]; at[j] = at[j - 1]; at[j - 1] = t
-                }
-            mid = int((m + missing + 1) / 2)
-            return mid <= missing ? 0 : at[mid - missing]
         }
         function cell(s, K, R) {
             if ((s, K, R) in d99) return sprintf("%.2f | %.2f | %.2f | %s", d50[s, K, R], d99[s, K, R], d999[s, K, R], miss[s, K, R])
@@ -654,7 +645,7 @@ if section fanout; then
         }
         END {
             for (k in runs) {
-                i = median(k)
+                i = median(k, -1)
                 if (i == 0) { no_result[k] = 1; continue }
                 split(row[k, i], f, "\t")
                 want[k] = f[4]; rate[k] = f[5]; acked[k] = f[6]; errs[k] = f[7]; got[k] = f[8]; miss[k] = f[9]

@@ -991,28 +991,13 @@ const CLAIM_WITHDRAWN_MAX: Duration = Duration::from_secs(10);
 /// cluster through the log, and the leader then refuses publishes `507 insufficient_storage`
 /// naming it, storing nothing, while reads go on; started again with room, it withdraws its
 /// claim and publishes are taken at the next sequence.
-/// `POST {path}` with `body` to the node leading now, following a `307` and waiting out a
-/// `503 no_leader`: the answer of the leader itself (a `201`, a `507`, ...), so that a leader
-/// change while a node restarts does not fail a test about something else.
-async fn post_to_leader(c: &Cluster, path: &str, body: &Value) -> pubsub_tests::http::Reply {
-    let mut target = c.url(c.wait_leader(CONVERGE).await);
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    loop {
-        let reply = post(&format!("{target}{path}"), body).await.expect("the node answers");
-        match reply.status {
-            307 => target = format!("http://{}", reply.body["leader_address"].as_str().expect("a leader named")),
-            503 if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                target = c.url(c.wait_leader(CONVERGE).await);
-            }
-            _ => return reply,
-        }
-    }
-}
-
-/// One message published to topic `t` through the node leading now.
+/// One message published to topic `t` through the node leading now ([`send_to_leader`]), so
+/// that a leader change while a node restarts does not fail a test about something else.
 async fn publish_one(c: &Cluster) -> pubsub_tests::http::Reply {
-    post_to_leader(c, "/topics/t/messages", &json!({"payload": 1})).await
+    let leader = c.url(c.wait_leader(CONVERGE).await);
+    let body = json!({"payload": 1});
+    send_to_leader(leader, |url| pubsub_tests::http::client().post(format!("{url}/topics/t/messages")).json(&body))
+        .await
 }
 
 /// Restarts node `i` with a free-space reserve no disk has: it claims to be short of room.
@@ -1049,7 +1034,12 @@ async fn a_follower_short_of_disk_stops_the_leader_taking_publishes_until_it_has
         topic["current_sequence"].as_u64().expect("current_sequence")
     };
     let stored = sequence().await;
-    let batch = post_to_leader(&c, "/topics/t/messages/batch", &json!({"messages": [{"payload": 2}]})).await;
+    let batch = send_to_leader(c.url(c.wait_leader(CONVERGE).await), |url| {
+        pubsub_tests::http::client()
+            .post(format!("{url}/topics/t/messages/batch"))
+            .json(&json!({"messages": [{"payload": 2}]}))
+    })
+    .await;
     assert_eq!(batch.status, 507, "{:?}", batch.body);
     assert_eq!(sequence().await, stored);
 
@@ -1102,17 +1092,28 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
     }
 }
 
-/// Sends a membership change to the first running node with the cluster's secret, following
-/// redirects to the leader and retrying while no leader is known or another change is in progress.
+/// Sends a membership change with the cluster's secret through [`send_to_leader`] (a `503`
+/// there also means another change is in progress).
 async fn change_members(c: &Cluster, request: impl Fn(&str) -> reqwest::RequestBuilder) -> pubsub_tests::http::Reply {
-    let mut target = c.url((0..c.nodes.len()).find(|&i| c.running(i)).expect("a running node"));
+    let first = c.url((0..c.nodes.len()).find(|&i| c.running(i)).expect("a running node"));
+    send_to_leader(first, |url| {
+        let builder = request(url).timeout(Duration::from_secs(90));
+        match c.secret() {
+            Some(secret) => builder.bearer_auth(secret),
+            None => builder,
+        }
+    })
+    .await
+}
+
+/// Sends `request(node url)` to node `first`, following redirects to the leader and sending it
+/// again while a node answers `503` (no leader known), up to [`CONVERGE`]: the leader's own
+/// answer.
+async fn send_to_leader(first: String, request: impl Fn(&str) -> reqwest::RequestBuilder) -> pubsub_tests::http::Reply {
+    let mut target = first;
     let deadline = tokio::time::Instant::now() + CONVERGE;
     loop {
-        let mut builder = request(&target).timeout(Duration::from_secs(90));
-        if let Some(secret) = c.secret() {
-            builder = builder.bearer_auth(secret);
-        }
-        let r = pubsub_tests::http::send(builder).await.expect("the node answers");
+        let r = pubsub_tests::http::send(request(&target)).await.expect("the node answers");
         match r.status {
             307 => target = format!("http://{}", r.body["leader_address"].as_str().expect("a leader named")),
             503 if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
