@@ -81,6 +81,11 @@ impl Load {
 
 /// Runs `publishers` tasks publishing unique ids until the load is finished.
 fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
+    spawn_load_padded(c, topic, publishers, 0)
+}
+
+/// [`spawn_load`] with `pad` bytes more in each payload.
+fn spawn_load_padded(c: &Cluster, topic: &str, publishers: usize, pad: usize) -> Load {
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let pauses = Arc::new(Mutex::new((std::time::Instant::now(), Duration::ZERO)));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -92,7 +97,11 @@ fn spawn_load(c: &Cluster, topic: &str, publishers: usize) -> Load {
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let id = format!("p{p}-{n}");
-                    if let Some(seq) = publish_retrying(&urls, &topic, &id, &json!({"p": p, "n": n}), CONVERGE).await {
+                    let mut payload = json!({"p": p, "n": n});
+                    if pad > 0 {
+                        payload["pad"] = json!("x".repeat(pad));
+                    }
+                    if let Some(seq) = publish_retrying(&urls, &topic, &id, &payload, CONVERGE).await {
                         acked.lock().unwrap().insert(id, seq);
                         let mut pauses = pauses.lock().unwrap();
                         let pause = pauses.0.elapsed();
@@ -1090,6 +1099,157 @@ async fn a_removed_node_left_running_short_of_disk_no_longer_refuses_publishes()
         assert_eq!(reply.status, 201, "{reply:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A small file system of a node's own (a tmpfs), so that a test can fill a disk for real
+/// without filling the machine's; unmounted when dropped.
+struct SmallDisk {
+    mount: std::path::PathBuf,
+}
+
+/// The size of each node's small disk, and the room left on it when a test fills it: the
+/// padded load fills that within seconds.
+const SMALL_DISK_BYTES: u64 = 1 << 30;
+const SMALL_DISK_ROOM: u64 = 32 << 20;
+/// Each message's padding under that load.
+const FILLING_PAD_BYTES: usize = 8 << 10;
+/// How long the load may take to fill the room (it takes seconds).
+const DISK_FILLED_MAX: Duration = Duration::from_secs(120);
+
+impl SmallDisk {
+    /// Mounts a small disk beside node `i`'s data dir and moves the (stopped) node's data onto
+    /// it. `None`, with a note, where this process may not mount (it is not root); a root that
+    /// cannot is a failure.
+    fn move_node_onto(c: &mut Cluster, i: usize) -> Option<SmallDisk> {
+        use std::os::unix::fs::MetadataExt;
+        let mount = c.dir().join(format!("disk-{}", c.nodes[i].id));
+        std::fs::create_dir(&mount).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={SMALL_DISK_BYTES}"), "tmpfs"])
+            .arg(&mount)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+            assert!(!root, "root could not mount a tmpfs at {}", mount.display());
+            eprintln!("note: not root, so no small disk can be mounted: the full-disk test is skipped");
+            return None;
+        }
+        let disk = SmallDisk { mount };
+        let data_dir = disk.mount.join("data");
+        let moved = std::process::Command::new("cp").arg("-a").arg(&c.nodes[i].data_dir).arg(&data_dir).status();
+        assert!(moved.unwrap().success(), "copying node {i}'s data onto its small disk");
+        std::fs::remove_dir_all(&c.nodes[i].data_dir).unwrap();
+        c.nodes[i].data_dir = data_dir;
+        Some(disk)
+    }
+
+    fn ballast(&self) -> std::path::PathBuf {
+        self.mount.join("ballast")
+    }
+
+    /// Fills the disk with a file beside the data dir until [`SMALL_DISK_ROOM`] is left.
+    fn fill(&self) {
+        let available = raft_store::available_bytes(&self.mount).expect("statvfs of the small disk");
+        let ballast = (available - SMALL_DISK_ROOM).to_string();
+        let made = std::process::Command::new("fallocate").args(["-l", &ballast]).arg(self.ballast()).status();
+        assert!(made.unwrap().success(), "fallocate on the small disk");
+    }
+
+    /// Gives the disk its room back.
+    fn empty(&self) {
+        std::fs::remove_file(self.ballast()).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazily: a node still running on it lets go when it is killed.
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+/// Waits until node `i`, whose disk is full, stops on its own; checks that it exits 1 and
+/// names the cause in what it logged past byte `log_from` of its log.
+async fn wait_stopped_on_full_disk(c: &mut Cluster, i: usize, log_from: usize) {
+    let deadline = tokio::time::Instant::now() + DISK_FILLED_MAX;
+    let code = loop {
+        if let Some(code) = c.exited(i) {
+            break code;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "node {i} did not stop on its full disk\n{}", c.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(code, Some(1), "node {i}'s exit code\n{}", c.logs());
+    // Its last words, where a supervisor's log shows them: the cause and what to do.
+    let log = c.log(i);
+    let last = log[log_from..].lines().rev().find(|line| line.starts_with("error: ")).unwrap_or_default();
+    assert!(last.contains("No space left on device"), "node {i} names the full disk: {last}\n{}", c.logs());
+    assert!(last.contains("give it room"), "node {i} says what to do: {last}");
+}
+
+/// Starts node `i` again on its still full disk (as a supervisor would), which it leaves again
+/// at once the same way; then gives it its room back, starts it again on the same data and
+/// waits until it has caught up with the leader.
+async fn restart_full_then_with_room(c: &mut Cluster, disk: &SmallDisk, i: usize) {
+    let log_from = c.log(i).len();
+    c.restart(i);
+    wait_stopped_on_full_disk(c, i, log_from).await;
+    disk.empty();
+    c.restart(i);
+    let leader = c.url(c.wait_leader(CONVERGE).await);
+    let (_, topic) = pubsub_tests::http::get_json(&format!("{leader}/topics/t")).await.unwrap();
+    let sequence = topic["current_sequence"].as_u64().unwrap();
+    let url = format!("{}/topics/t", c.url(i));
+    wait_until("the node started again catches up", CONVERGE, || async {
+        let (_, topic) = pubsub_tests::http::get_json(&url).await.ok()?;
+        (topic["current_sequence"].as_u64()? >= sequence).then_some(())
+    })
+    .await;
+}
+
+/// Disks that fill for real (no reserve, so the log and RocksDB meet ENOSPC themselves): the
+/// leader whose disk fills stops with exit code 1, naming the cause, and the other two elect a
+/// leader and go on taking publishes; started again on the full disk, it stops again the same
+/// way; given room and started again on the same data, it reopens from what it had fsynced and
+/// catches up. Then the same of a follower. No acknowledged publish is lost (README, "A full
+/// disk").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_and_then_a_follower_whose_disks_fill_stop_and_given_room_catch_up_losing_nothing() {
+    let mut c =
+        Cluster::start(Options { extra_args: vec!["--min-free-bytes".into(), "0".into()], ..Options::default() }).await;
+    create_topic(&c, "t").await;
+    c.kill_all();
+    let mut disks = Vec::new();
+    for i in 0..3 {
+        match SmallDisk::move_node_onto(&mut c, i) {
+            Some(disk) => disks.push(disk),
+            None => return,
+        }
+    }
+    c.restart_all();
+    let load = spawn_load_padded(&c, "t", 4, FILLING_PAD_BYTES);
+    wait_acks(&load.acked, 20).await;
+
+    let leader = c.wait_leader(CONVERGE).await;
+    let log_from = c.log(leader).len();
+    disks[leader].fill();
+    wait_stopped_on_full_disk(&mut c, leader, log_from).await;
+    let at_stop = load.acked_count();
+    wait_acks(&load.acked, at_stop + 100).await;
+    restart_full_then_with_room(&mut c, &disks[leader], leader).await;
+
+    let now_leading = c.wait_leader(CONVERGE).await;
+    let follower = (0..3).find(|&i| i != now_leading && i != leader).unwrap();
+    let log_from = c.log(follower).len();
+    disks[follower].fill();
+    wait_stopped_on_full_disk(&mut c, follower, log_from).await;
+    let at_stop = load.acked_count();
+    wait_acks(&load.acked, at_stop + 100).await;
+    restart_full_then_with_room(&mut c, &disks[follower], follower).await;
+
+    let acked = load.finish().await;
+    assert_converged(&c, "t", &acked).await;
 }
 
 /// Sends a membership change with the cluster's secret through [`send_to_leader`] (a `503`

@@ -42,7 +42,7 @@ pub mod ws_close;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::error::{InitializeError, RaftError};
@@ -211,18 +211,18 @@ where
         }
     }
     let token = app.shutdown.clone();
-    let raft_stopped = Arc::new(AtomicBool::new(false));
+    let raft_stopped = Arc::new(std::sync::OnceLock::new());
     let signal = {
         let (raft, stopped) = (raft.clone(), raft_stopped.clone());
         async move {
             tokio::select! {
                 () = shutdown => tracing::info!("shutting down: closing subscriptions"),
-                () = core_stopped(&raft) => {
-                    // A storage failure stops the Raft core for good (the cause is logged just
-                    // before). Serving on would answer every peer with that failure: exit
-                    // instead, so that a supervisor restarts the node or an operator sees it.
-                    tracing::error!("the Raft core stopped; shutting down");
-                    stopped.store(true, Ordering::Relaxed);
+                cause = core_stopped(&raft) => {
+                    // A storage failure stops the Raft core for good. Serving on would answer
+                    // every peer with that failure: exit instead, so that a supervisor
+                    // restarts the node or an operator sees it.
+                    tracing::error!(%cause, "the Raft core stopped; shutting down");
+                    let _ = stopped.set(cause);
                 }
             }
             token.cancel();
@@ -278,10 +278,22 @@ where
         tracing::warn!("storage still in use after {:?}; exiting anyway", limits::SHUTDOWN_CLOSE_TIMEOUT);
     }
     tracing::info!(subscriptions, "stopped");
-    if raft_stopped.load(Ordering::Relaxed) {
-        return Err(NodeError::Raft("the Raft core stopped (see the error logged before)".into()));
+    if let Some(cause) = raft_stopped.get() {
+        return Err(NodeError::Raft(format!("the Raft core stopped: {cause}{}", advice(cause))));
     }
     Ok(())
+}
+
+/// What to do about the failure that stopped the Raft core, where there is something to say.
+fn advice(cause: &str) -> &'static str {
+    // The type of an I/O error does not survive openraft's error chain (it keeps its text), nor
+    // RocksDB's: strerror(ENOSPC) is what both keep.
+    if cause.contains("No space left on device") {
+        "; the data dir's file system is full: give it room (or move the data dir to a larger one) and start \
+         the node again; it reopens from what it had fsynced, and catches up from the others"
+    } else {
+        ""
+    }
 }
 
 /// `path` from the root, for the log: a relative data dir names nothing without the working
@@ -290,10 +302,13 @@ fn absolute(path: &std::path::Path) -> std::path::PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// Returns when the Raft core has stopped: its metrics channel closes with it.
-async fn core_stopped(raft: &Raft) {
+/// Returns once the Raft core has stopped (its metrics channel closes with it), with the
+/// failure it reported last.
+async fn core_stopped(raft: &Raft) -> String {
     let mut metrics = raft.metrics();
     while metrics.changed().await.is_ok() {}
+    let state = metrics.borrow().running_state.clone();
+    state.err().map_or_else(|| "no failure reported".to_string(), |fatal| fatal.to_string())
 }
 
 /// The membership a cluster runs with is the one in its log, set when it was first started

@@ -476,19 +476,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             None => {
                 let started = Instant::now();
-                let result = self
-                    .segments
-                    .append(first, records)
-                    .and_then(|()| self.segments.sync())
-                    .map_err(|e| std::io::Error::other(e.to_string()));
+                let result = self.segments.append(first, records).and_then(|()| self.segments.sync());
                 report(&self.observer, usize::from(result.is_ok()), started);
-                if result.is_ok() {
-                    self.recent().appended(appended);
+                match result {
+                    Ok(()) => {
+                        self.recent().appended(appended);
+                        callback.log_io_completed(Ok(()));
+                        Ok(())
+                    }
+                    Err(e) => {
+                        callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                        Err(write_err(e))
+                    }
                 }
-                let failed =
-                    result.as_ref().err().map(|e| write_err(StoreError::Io(std::io::Error::other(e.to_string()))));
-                callback.log_io_completed(result);
-                failed.map_or(Ok(()), Err)
             }
         }
     }

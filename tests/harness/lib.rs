@@ -335,11 +335,24 @@ impl Cluster {
         self.spawn(i);
     }
 
+    /// Whether node `i` has exited on its own: once it has, its exit code (`None` if a signal
+    /// ended it), and the node counts as stopped from then on.
+    pub fn exited(&mut self, i: usize) -> Option<Option<i32>> {
+        let status = self.nodes[i].child.as_mut()?.try_wait().ok()??;
+        self.nodes[i].child = None;
+        Some(status.code())
+    }
+
+    /// Everything node `i` has logged, over all its runs.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
+    }
+
     /// The last lines of every node's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for node in &self.nodes {
-            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let text = self.log(i);
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(40)..];
             out.push_str(&format!("--- node-{} ---\n{}\n", node.id, tail.join("\n")));
