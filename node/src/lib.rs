@@ -81,6 +81,22 @@ pub enum NodeError {
     Serve(#[from] std::io::Error),
 }
 
+impl NodeError {
+    /// What to do about this failure, where there is more to say than the failure itself: the
+    /// end of the node's last line.
+    pub fn advice(&self) -> &'static str {
+        // The type of an I/O error survives neither openraft's error chain (it keeps the text)
+        // nor RocksDB's: strerror(ENOSPC) is what both keep, wherever the write failed (opening
+        // the data dir, the log, the state machine).
+        if self.to_string().contains("No space left on device") {
+            "; the data dir's file system is full: give it room (or move the data dir to a larger one) and start \
+             the node again; it reopens from what it had fsynced, and catches up from the others"
+        } else {
+            ""
+        }
+    }
+}
+
 /// The secret deploy/docker-compose.yml uses when none is set: public, so warned about.
 const COMPOSE_DEFAULT_SECRET: &str = "pubsub-insecure-default-secret";
 
@@ -279,21 +295,9 @@ where
     }
     tracing::info!(subscriptions, "stopped");
     if let Some(cause) = raft_stopped.get() {
-        return Err(NodeError::Raft(format!("the Raft core stopped: {cause}{}", advice(cause))));
+        return Err(NodeError::Raft(format!("the Raft core stopped: {cause}")));
     }
     Ok(())
-}
-
-/// What to do about the failure that stopped the Raft core, where there is something to say.
-fn advice(cause: &str) -> &'static str {
-    // The type of an I/O error does not survive openraft's error chain (it keeps its text), nor
-    // RocksDB's: strerror(ENOSPC) is what both keep.
-    if cause.contains("No space left on device") {
-        "; the data dir's file system is full: give it room (or move the data dir to a larger one) and start \
-         the node again; it reopens from what it had fsynced, and catches up from the others"
-    } else {
-        ""
-    }
 }
 
 /// `path` from the root, for the log: a relative data dir names nothing without the working
@@ -308,7 +312,7 @@ async fn core_stopped(raft: &Raft) -> String {
     let mut metrics = raft.metrics();
     while metrics.changed().await.is_ok() {}
     let state = metrics.borrow().running_state.clone();
-    state.err().map_or_else(|| "no failure reported".to_string(), |fatal| fatal.to_string())
+    state.err().map_or_else(|| "it ended without reporting a failure (a panic?)".to_string(), |fatal| fatal.to_string())
 }
 
 /// The membership a cluster runs with is the one in its log, set when it was first started
@@ -499,5 +503,22 @@ async fn count_leader_changes(app: Arc<App>) {
         if app.shutdown.is_cancelled() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeError;
+
+    #[test]
+    fn a_full_disk_is_told_what_to_do_wherever_the_write_failed() {
+        let full = || std::io::Error::from_raw_os_error(28);
+        let opening = NodeError::DataDir { path: "d".into(), source: raft_store::StoreError::Io(full()) };
+        let running = NodeError::Raft(format!("the Raft core stopped: {}", full()));
+        for e in [opening, running] {
+            assert!(e.advice().contains("give it room"), "{e}");
+        }
+        let other = NodeError::DataDir { path: "d".into(), source: raft_store::StoreError::Corrupt("x".into()) };
+        assert_eq!(other.advice(), "");
     }
 }

@@ -124,7 +124,7 @@ async fn node_main(delivery: tokio::runtime::Handle, open_files: Option<(u64, u6
     let code = match pubsub_node::run(config, listener, Env::production(Some(delivery)), shutdown).await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e}{}", e.advice());
             1
         }
     };
