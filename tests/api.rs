@@ -535,6 +535,40 @@ async fn a_subscriber_frame_over_the_limit_is_closed_with_1009() {
     assert_eq!(next_frame(&mut ws).await, json!({"closed": 1009}));
 }
 
+/// The same during a long replay, which never waits for the topic's next message: the close
+/// comes once the page being sent is, not after the whole backlog (or, on a topic it never
+/// catches up with, never: acks and pongs went unread meanwhile).
+#[tokio::test]
+async fn a_subscriber_frame_over_the_limit_during_a_replay_is_closed_with_1009_at_once() {
+    use pubsub_node::limits::SUBSCRIBER_FRAME_BYTES_MAX;
+    const BATCHES: u64 = 8;
+    const BATCH: u64 = 125;
+    let c = Cluster::start(Options { nodes: 1, ..Options::default() }).await;
+    let l = leader_url(&c).await;
+    post_raw(&format!("{l}/topics/t"), "").await.unwrap();
+    // 64 MiB: far more than the socket buffers between the node and this test hold.
+    let pad = "x".repeat(64 << 10);
+    for _ in 0..BATCHES {
+        let messages: Vec<Value> = (0..BATCH).map(|_| json!({"payload": pad})).collect();
+        let r = post(&format!("{l}/topics/t/messages/batch"), &json!({"messages": messages})).await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    let mut ws = ws_connect(&l, "/topics/t/subscribe?subscriber_id=s&cursor=0").await;
+    assert_eq!(next_frame(&mut ws).await["subtype"], "subscribed");
+    let ack = format!(r#"{{"type":"ack","sequence":0,"pad":"{}"}}"#, "x".repeat(SUBSCRIBER_FRAME_BYTES_MAX));
+    ws.send(Message::Text(ack.into())).await.unwrap();
+    let mut delivered = 0;
+    let end = loop {
+        let frame = next_frame(&mut ws).await;
+        match frame["type"].as_str() {
+            Some("message") => delivered += 1,
+            _ => break frame,
+        }
+    };
+    assert_eq!(end, json!({"closed": 1009}));
+    assert!(delivered < BATCHES * BATCH, "closed only after the whole backlog ({delivered} messages)");
+}
+
 #[tokio::test]
 async fn subscriptions_replay_then_follow_and_record_acks() {
     let c = Cluster::start(Options::default()).await;

@@ -343,6 +343,13 @@ impl Drop for Syncer {
     }
 }
 
+/// Answers an append's callback with the failure `e` too (openraft waits on it), and returns
+/// `e` for the append itself.
+fn failed(callback: LogFlushed<TypeConfig>, e: StoreError) -> StorageError {
+    callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+    write_err(e)
+}
+
 /// Fsyncs the log for every batch of queued callbacks, then completes them.
 fn run_syncer(segments: &SegmentLog, queue: &mpsc::Receiver<LogFlushed<TypeConfig>>, observer: &Observer) {
     while let Ok(first) = queue.recv() {
@@ -455,7 +462,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut records = Vec::new();
         let mut appended = Vec::new();
         for entry in entries {
-            let record = Record::encode(&entry).map_err(write_err)?;
+            let record = match Record::encode(&entry) {
+                Ok(record) => record,
+                Err(e) => return Err(failed(callback, e)),
+            };
             appended.push((entry, record.payload_len()));
             records.push(record);
         }
@@ -469,10 +479,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let follower = appended.last().is_some_and(|(entry, _)| self.follows(entry));
         match self.syncer.as_ref().filter(|_| !follower) {
             Some(syncer) => {
-                self.segments.append(first, records).map_err(write_err)?;
+                if let Err(e) = self.segments.append(first, records) {
+                    return Err(failed(callback, e));
+                }
                 self.recent().appended(appended);
-                let stopped = || write_err(StoreError::Corrupt("log syncer thread stopped".into()));
-                syncer.queue.as_ref().ok_or_else(stopped)?.send(callback).map_err(|_| stopped())
+                let stopped = || StoreError::Corrupt("log syncer thread stopped".into());
+                match syncer.queue.as_ref() {
+                    Some(queue) => {
+                        queue.send(callback).map_err(|mpsc::SendError(callback)| failed(callback, stopped()))
+                    }
+                    None => Err(failed(callback, stopped())),
+                }
             }
             None => {
                 let started = Instant::now();
@@ -484,10 +501,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                         callback.log_io_completed(Ok(()));
                         Ok(())
                     }
-                    Err(e) => {
-                        callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                        Err(write_err(e))
-                    }
+                    Err(e) => Err(failed(callback, e)),
                 }
             }
         }

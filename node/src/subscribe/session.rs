@@ -25,7 +25,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::frames;
 use crate::app::SharedApp;
-use crate::budget::Room;
+use crate::budget::{ByteBudget, Room};
 use crate::limits::{
     SUBSCRIBE_IDLE_TIMEOUT, SUBSCRIBE_PAGE_BYTES_RESERVED, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES,
     SUBSCRIBE_PING_INTERVAL,
@@ -395,10 +395,22 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 // holds, beyond the cache, a page of frames the cache may drop while it is sent
                 // (at most 1 MiB and a message), and one client's many slow sessions, each at a
                 // different point of a busy topic, would each hold one uncounted. So it waits
-                // for its client's own share: behind that client's own slow readers only.
+                // for its client's own share: behind that client's own slow readers only. It
+                // waits holding nothing (a page held while waiting is what the share bounds),
+                // then takes the page again; gone from the cache meanwhile, it is read from
+                // storage the usual way, on the next turn.
+                let bytes = frame_bytes(&page);
+                drop(page);
                 let waiting =
                     Waiting { ping: &mut ping, client_gone: client_gone.as_mut(), shutdown: shutdown.as_mut() };
-                let permit = waiting.wait(own.take(frame_bytes(&page)), out, signals).await?;
+                let mut permit = waiting.wait(own.take(bytes), out, signals).await?;
+                page = app.frames.get(s.topic_id, cursor, SUBSCRIBE_PAGE_MESSAGES, SUBSCRIBE_PAGE_PAYLOAD_BYTES);
+                if page.is_empty() {
+                    continue;
+                }
+                // More may have come since: the page is never larger than the permit.
+                page.truncate(fitting(&page, bytes));
+                ByteBudget::shrink(&mut permit, frame_bytes(&page));
                 PageHold { _own_share: Some(permit), ..Default::default() }
             } else {
                 PageHold::default()
@@ -410,9 +422,13 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 if ping.tick().now_or_never().is_some() {
                     out.keep_alive().await?;
                 }
-                // Nor does it see a shutdown there.
+                // Nor does it see a shutdown there, or its client gone (the listener ended: a
+                // frame over the limit is then closed 1009 at once, not after a long replay).
                 if app.shutdown.is_cancelled() {
                     return Ok(End::Close(1001, "server shutting down"));
+                }
+                if client_gone.as_mut().now_or_never().is_some() {
+                    return Ok(signals.gone());
                 }
                 continue;
             }
@@ -483,6 +499,17 @@ struct PageHold {
 
 fn frame_bytes(page: &[(u64, Utf8Bytes)]) -> usize {
     page.iter().map(|(_, frame)| frame.len()).sum()
+}
+
+/// How many of `page`'s first frames fit in `bytes`: at least one, which the caller's
+/// budget was taken for.
+fn fitting(page: &[(u64, Utf8Bytes)], bytes: usize) -> usize {
+    let mut total = 0;
+    let fit = page.iter().take_while(|(_, frame)| {
+        total += frame.len();
+        total <= bytes
+    });
+    fit.count().max(1)
 }
 
 /// Reads the page after `cursor` from storage, as frames, and shares them through the cache.
