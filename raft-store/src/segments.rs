@@ -410,14 +410,16 @@ impl SegmentLog {
 
     /// Removes the records from `index` on and fsyncs, so none comes back after a crash.
     pub fn truncate(&self, index: u64) -> Result<(), StoreError> {
+        // Nothing on disk changes after a failed fsync: the next start reads what is there.
+        self.refuse_after_failed_sync()?;
         let mut segments = self.lock();
         // Newest first, each deletion made durable before the next: a crash leaves the log
-        // shorter, never with a hole.
-        while segments.back().is_some_and(|s| s.first >= index) {
-            if let Some(segment) = segments.pop_back() {
-                fs::remove_file(&segment.path)?;
-                self.sync_dir()?;
-            }
+        // shorter, never with a hole. Forgotten only once deleted, so a failed deletion leaves
+        // the segment known.
+        while let Some(path) = segments.back().filter(|s| s.first >= index).map(|s| s.path.clone()) {
+            fs::remove_file(&path)?;
+            segments.pop_back();
+            self.sync_dir()?;
         }
         if let Some(segment) = segments.back_mut().filter(|s| s.end() > index) {
             let position = (index - segment.first) as usize;
@@ -446,6 +448,7 @@ impl SegmentLog {
     /// with a hole. Once per segment (64 MiB), so the directory fsyncs cost nothing to speak of.
     /// A full segment may become the next spare instead of being deleted.
     pub fn purge(&self, index: u64) -> Result<(), StoreError> {
+        self.refuse_after_failed_sync()?;
         let mut segments = self.lock();
         self.unpurged_from.fetch_max(index.saturating_add(1), Ordering::AcqRel);
         while segments.front().is_some_and(|s| s.end() <= index.saturating_add(1)) {
@@ -891,8 +894,8 @@ mod tests {
     }
 
     /// After a failed fsync the kernel may have dropped the dirty pages and cleared the error,
-    /// so a later fsync that succeeds proves nothing: every later write and sync is refused
-    /// with the first error, and what was written before stays readable. The failure is
+    /// so a later fsync that succeeds proves nothing: every later write, sync, truncation and
+    /// purge is refused with the first error, and what was written before stays readable. The failure is
     /// injected where an fsync's error would arrive.
     #[test]
     fn a_failed_fsync_refuses_every_later_write_with_the_first_error() {
@@ -902,7 +905,8 @@ mod tests {
         let first = log.sync_failed(io::Error::other("injected: EIO"));
         assert!(matches!(&first, StoreError::SyncFailed(m) if m.contains("injected: EIO")), "{first:?}");
         log.sync_failed(io::Error::other("a later error"));
-        for refused in [log.append(4, framed(records(4..5, 10))), log.sync()] {
+        let refused = [log.append(4, framed(records(4..5, 10))), log.sync(), log.truncate(2), log.purge(2)];
+        for refused in refused {
             assert!(matches!(&refused, Err(StoreError::SyncFailed(m)) if m.contains("injected: EIO")), "{refused:?}");
         }
         assert_eq!(log.end_index(), Some(4), "nothing appended after the failure");

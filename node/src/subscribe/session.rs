@@ -115,6 +115,7 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
     let client_gone = Arc::new(Notify::new());
     let acks_refused = Arc::new(Notify::new());
     let too_large = Arc::new(AtomicBool::new(false));
+    let gone = Arc::new(AtomicBool::new(false));
     let stop_listening = CancellationToken::new();
     let listener = tokio::spawn(listen(
         app.clone(),
@@ -126,10 +127,15 @@ pub async fn run(app: SharedApp, socket: WebSocket, session: Session, registrati
             feed: session.feed.clone(),
             stop: stop_listening.clone(),
         },
-        Signals { client_gone: client_gone.clone(), acks_refused: acks_refused.clone(), too_large: too_large.clone() },
+        Signals {
+            client_gone: client_gone.clone(),
+            gone: gone.clone(),
+            acks_refused: acks_refused.clone(),
+            too_large: too_large.clone(),
+        },
     ));
 
-    let end = serve(&app, &mut out, &session, &Signals { client_gone, acks_refused, too_large }).await;
+    let end = serve(&app, &mut out, &session, &Signals { client_gone, gone, acks_refused, too_large }).await;
     let closing = app.closing.token();
     stop_listening.cancel();
     // No ack is recorded past this point: a stopping node, which waits for every session to
@@ -161,6 +167,9 @@ struct Listening {
 struct Signals {
     /// The client closed or its connection failed.
     client_gone: Arc<Notify>,
+    /// Set before `client_gone`: for a loop that never waits, which a load sees without the
+    /// waiter lock a poll of `client_gone` takes (once per page delivered).
+    gone: Arc<AtomicBool>,
     /// The cluster refused an ack of this subscriber (its topic filled while it was connected).
     acks_refused: Arc<Notify>,
     /// Set before `client_gone` when the client sent a frame over
@@ -228,6 +237,7 @@ async fn listen(
             _ => {}
         }
     }
+    signals.gone.store(true, Ordering::Relaxed);
     signals.client_gone.notify_one();
     stream
 }
@@ -427,7 +437,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 if app.shutdown.is_cancelled() {
                     return Ok(End::Close(1001, "server shutting down"));
                 }
-                if client_gone.as_mut().now_or_never().is_some() {
+                if signals.gone.load(Ordering::Relaxed) {
                     return Ok(signals.gone());
                 }
                 continue;
@@ -501,8 +511,8 @@ fn frame_bytes(page: &[(u64, Utf8Bytes)]) -> usize {
     page.iter().map(|(_, frame)| frame.len()).sum()
 }
 
-/// How many of `page`'s first frames fit in `bytes`: at least one, which the caller's
-/// budget was taken for.
+/// How many of `page`'s first frames fit in `bytes`, taken for a page that started with the same
+/// frame: at least that one (a safeguard; it always fits).
 fn fitting(page: &[(u64, Utf8Bytes)], bytes: usize) -> usize {
     let mut total = 0;
     let fit = page.iter().take_while(|(_, frame)| {
