@@ -1112,9 +1112,9 @@ struct SmallDisk {
 /// left on it when a test fills it.
 const SMALL_DISK_BYTES: u64 = 512 << 20;
 const SMALL_DISK_ROOM: u64 = 32 << 20;
-/// Each message's padding under that load: records past 64 KiB fill the log's room as they
-/// come (smaller ones first fill a preallocated spare segment, up to 128 MiB more), and a few
-/// hundred fill the room within seconds.
+/// Each message's padding under that load: large, so that the room fills within seconds (and
+/// records this large ask for no further preallocated spare segment, 64 MiB, once the log has
+/// moved onto the one made at start).
 const FILLING_PAD_BYTES: usize = 96 << 10;
 /// How long the load may take to fill the room.
 const DISK_FILLED_MAX: Duration = Duration::from_secs(120);

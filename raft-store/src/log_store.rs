@@ -343,8 +343,8 @@ impl Drop for Syncer {
     }
 }
 
-/// Answers an append's callback with the failure `e` too (openraft waits on it), and returns
-/// `e` for the append itself.
+/// Answers an append's callback with the failure `e` too, as the storage contract asks (openraft
+/// 0.9 waits on it only after an `Ok`), and returns `e` for the append itself.
 fn failed(callback: LogFlushed<TypeConfig>, e: StoreError) -> StorageError {
     callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
     write_err(e)

@@ -168,7 +168,8 @@ struct Signals {
     /// The client closed or its connection failed.
     client_gone: Arc<Notify>,
     /// Set before `client_gone`: for a loop that never waits, which a load sees without the
-    /// waiter lock a poll of `client_gone` takes (once per page delivered).
+    /// waiter lock a poll of `client_gone` takes (once per page delivered). Stored with
+    /// Release after `too_large`, loaded with Acquire.
     gone: Arc<AtomicBool>,
     /// The cluster refused an ack of this subscriber (its topic filled while it was connected).
     acks_refused: Arc<Notify>,
@@ -237,7 +238,8 @@ async fn listen(
             _ => {}
         }
     }
-    signals.gone.store(true, Ordering::Relaxed);
+    // Release: a loop that sees it sees `too_large` too (Signals::gone reads it).
+    signals.gone.store(true, Ordering::Release);
     signals.client_gone.notify_one();
     stream
 }
@@ -437,7 +439,7 @@ async fn serve_inner(app: &SharedApp, out: &mut Outbox, s: &Session, signals: &S
                 if app.shutdown.is_cancelled() {
                     return Ok(End::Close(1001, "server shutting down"));
                 }
-                if signals.gone.load(Ordering::Relaxed) {
+                if signals.gone.load(Ordering::Acquire) {
                     return Ok(signals.gone());
                 }
                 continue;
