@@ -537,7 +537,8 @@ async fn a_subscriber_frame_over_the_limit_is_closed_with_1009() {
 
 /// The same during a long replay, which never waits for the topic's next message: the close
 /// comes once the page being sent is, not after the whole backlog (or, on a topic it never
-/// catches up with, never: acks and pongs went unread meanwhile).
+/// catches up with, never: acks and pongs went unread meanwhile). With messages still on
+/// their way, the close may come as a reset (seen in CI under a slow disk).
 #[tokio::test]
 async fn a_subscriber_frame_over_the_limit_during_a_replay_is_closed_with_1009_at_once() {
     use pubsub_node::limits::SUBSCRIBER_FRAME_BYTES_MAX;
@@ -559,13 +560,23 @@ async fn a_subscriber_frame_over_the_limit_during_a_replay_is_closed_with_1009_a
     ws.send(Message::Text(ack.into())).await.unwrap();
     let mut delivered = 0;
     let end = loop {
-        let frame = next_frame(&mut ws).await;
-        match frame["type"].as_str() {
-            Some("message") => delivered += 1,
-            _ => break frame,
+        let next = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("frame in time");
+        match next.expect("stream open") {
+            Ok(Message::Text(text)) => match serde_json::from_str::<Value>(&text).unwrap()["type"].as_str() {
+                Some("message") => delivered += 1,
+                other => panic!("a {other:?} frame"),
+            },
+            Ok(Message::Close(frame)) => break json!(frame.map(|f| u16::from(f.code))),
+            Ok(_) => {}
+            // The rest of the frame over the limit is not read, so the node's close comes as a
+            // reset while messages are still on their way (API.md §7).
+            Err(tokio_tungstenite::tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break json!("reset")
+            }
+            Err(e) => panic!("{e}"),
         }
     };
-    assert_eq!(end, json!({"closed": 1009}));
+    assert!(end == json!(1009) || end == json!("reset"), "the subscription ended with {end}");
     assert!(delivered < BATCHES * BATCH, "closed only after the whole backlog ({delivered} messages)");
 }
 
