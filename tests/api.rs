@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use pubsub_tests::http::{self, delete, get, post, post_raw};
-use pubsub_tests::{wait_applied, wait_until, Cluster, Options};
+use pubsub_tests::{allocate, wait_applied, wait_until, Cluster, Options};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -1709,12 +1709,6 @@ async fn an_ack_past_the_end_records_the_end_as_it_arrived() {
 /// Bytes a test leaves free on each side of a node's reserve when it fills the disk: other
 /// tests writing meanwhile must not cross it either way.
 const DISK_MARGIN_BYTES: u64 = 3 << 30;
-
-/// Allocates `bytes` of disk for a file at `path`; false where the file system cannot.
-fn allocate(path: &std::path::Path, bytes: u64) -> bool {
-    let made = std::process::Command::new("fallocate").args(["-l", &bytes.to_string()]).arg(path).status();
-    made.is_ok_and(|status| status.success())
-}
 
 /// A data dir short of its reserve (`--min-free-bytes`) refuses publishes (single, batch, on a
 /// publishing WebSocket) and topic creations with `507 insufficient_storage`, storing nothing,

@@ -1153,9 +1153,10 @@ impl SmallDisk {
     fn fill(&self) {
         let available = raft_store::available_bytes(&self.mount).expect("statvfs of the small disk");
         let ballast = available.checked_sub(SMALL_DISK_ROOM).expect("the small disk has its room to fill");
-        let made =
-            std::process::Command::new("fallocate").args(["-l", &ballast.to_string()]).arg(self.ballast()).status();
-        assert!(made.unwrap().success(), "fallocate of {ballast} bytes on the small disk ({available} available)");
+        assert!(
+            pubsub_tests::allocate(&self.ballast(), ballast),
+            "fallocate of {ballast} bytes on the small disk ({available} available)"
+        );
     }
 
     /// Gives the disk its room back.
@@ -1218,12 +1219,18 @@ async fn restart_full_then_with_room(c: &mut Cluster, disk: &SmallDisk, i: usize
     let leader = c.url(c.wait_leader(CONVERGE).await);
     let (_, topic) = pubsub_tests::http::get_json(&format!("{leader}/topics/t")).await.unwrap();
     let sequence = topic["current_sequence"].as_u64().unwrap();
-    let url = format!("{}/topics/t", c.url(i));
-    wait_until("the node started again catches up", CONVERGE, || async {
-        let (_, topic) = pubsub_tests::http::get_json(&url).await.ok()?;
-        (topic["current_sequence"].as_u64()? >= sequence).then_some(())
-    })
-    .await;
+    pubsub_tests::wait_applied_within(&c.url(i), "t", sequence, CONVERGE).await;
+}
+
+/// Fills node `i`'s disk under the running load and waits until it stops; checks that the
+/// others take 100 more publishes meanwhile, then starts it again, on the full disk and with
+/// room ([`restart_full_then_with_room`]).
+async fn fill_and_recover(c: &mut Cluster, disk: &SmallDisk, load: &Load, i: usize) {
+    let log_from = c.log(i).len();
+    disk.fill();
+    wait_stopped_on_full_disk(c, i, log_from).await;
+    wait_acks(&load.acked, load.acked_count() + 100).await;
+    restart_full_then_with_room(c, disk, i).await;
 }
 
 /// Disks that fill for real (no reserve, so the log and RocksDB meet ENOSPC themselves): the
@@ -1250,21 +1257,10 @@ async fn a_leader_and_then_a_follower_whose_disks_fill_stop_and_given_room_catch
     wait_acks(&load.acked, 20).await;
 
     let leader = c.wait_leader(CONVERGE).await;
-    let log_from = c.log(leader).len();
-    disks[leader].fill();
-    wait_stopped_on_full_disk(&mut c, leader, log_from).await;
-    let at_stop = load.acked_count();
-    wait_acks(&load.acked, at_stop + 100).await;
-    restart_full_then_with_room(&mut c, &disks[leader], leader).await;
-
+    fill_and_recover(&mut c, &disks[leader], &load, leader).await;
     let now_leading = c.wait_leader(CONVERGE).await;
     let follower = (0..3).find(|&i| i != now_leading && i != leader).unwrap();
-    let log_from = c.log(follower).len();
-    disks[follower].fill();
-    wait_stopped_on_full_disk(&mut c, follower, log_from).await;
-    let at_stop = load.acked_count();
-    wait_acks(&load.acked, at_stop + 100).await;
-    restart_full_then_with_room(&mut c, &disks[follower], follower).await;
+    fill_and_recover(&mut c, &disks[follower], &load, follower).await;
 
     let acked = load.finish().await;
     assert_converged(&c, "t", &acked).await;

@@ -42,11 +42,23 @@ where
 
 /// Waits until the node at `url` has applied `topic` up to `sequence`.
 pub async fn wait_applied(url: &str, topic: &str, sequence: u64) {
-    wait_until("the node applies the topic's messages", Duration::from_secs(10), || async {
+    wait_applied_within(url, topic, sequence, Duration::from_secs(10)).await
+}
+
+/// [`wait_applied`], for as long as `timeout`.
+pub async fn wait_applied_within(url: &str, topic: &str, sequence: u64, timeout: Duration) {
+    wait_until("the node applies the topic's messages", timeout, || async {
         let (s, b) = http::get_json(&format!("{url}/topics/{topic}")).await.ok()?;
         (s == 200 && b["current_sequence"].as_u64()? >= sequence).then_some(())
     })
     .await
+}
+
+/// Allocates `bytes` of disk for a file at `path` (`fallocate`); false where the file system
+/// cannot.
+pub fn allocate(path: &Path, bytes: u64) -> bool {
+    let made = Command::new("fallocate").args(["-l", &bytes.to_string()]).arg(path).status();
+    made.is_ok_and(|status| status.success())
 }
 
 /// The `pubsub-node` binary: `PUBSUB_NODE_BIN`, else next to this test's `deps/` directory.
